@@ -1,0 +1,43 @@
+"""sa_jobs: a PostgreSQL job queue for SQLAlchemy applications.
+
+Jobs are rows written in your own transaction, deduplicated by the database, and worked
+at least once. See the README and ``docs/`` for a tour.
+"""
+
+from __future__ import annotations
+
+from sa_jobs import errors
+from sa_jobs.args import ArgsConverter, KindRegistry, field, job_args
+from sa_jobs.errors import SaJobsError
+from sa_jobs.insert import (
+    InsertManyParams,
+    InsertResult,
+    enqueue,
+    insert,
+    insert_job,
+    insert_many,
+)
+from sa_jobs.models import Job, JobState, metadata
+from sa_jobs.options import InsertOpts
+from sa_jobs.schema import downgrade, migrate
+
+__all__ = [
+    "ArgsConverter",
+    "InsertManyParams",
+    "InsertOpts",
+    "InsertResult",
+    "Job",
+    "JobState",
+    "KindRegistry",
+    "SaJobsError",
+    "downgrade",
+    "enqueue",
+    "errors",
+    "field",
+    "insert",
+    "insert_job",
+    "insert_many",
+    "job_args",
+    "metadata",
+    "migrate",
+]

@@ -1,0 +1,420 @@
+"""Declarative job args: attrs classes, the kind registry, and JSON conversion.
+
+A job args class is an ordinary attrs class that carries its *kind* (the string stored
+in every job row) and per-kind insert defaults::
+
+    @sa_jobs.job_args(kind="send_email", queue="mail", max_attempts=5)
+    class SendEmail:
+        to: str
+        template: str = "welcome"
+
+Values are converted to and from JSON by a :class:`ArgsConverter` (cattrs underneath).
+The default one knows time-zone-aware datetimes, dates, UUIDs, Decimals, enums, nested
+attrs classes and lists/dicts of these; a kind can be given its own converter.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from decimal import Decimal
+from typing import Any, TypeVar
+
+import attrs
+import cattrs
+
+from sa_jobs.errors import DuplicateKindError, InvalidJobArgsError, UnknownKindError
+
+__all__ = [
+    "ArgsConverter",
+    "JobKind",
+    "KindRegistry",
+    "default_converter",
+    "default_registry",
+    "field",
+    "job_args",
+    "kind_of",
+]
+
+T = TypeVar("T")
+
+#: The key under which sa_jobs keeps its per-field flags in attrs field metadata.
+FIELD_METADATA_KEY = "sa_jobs"
+
+MAX_KIND_LENGTH = 128
+
+
+class _Unset:
+    """Marks an option nobody set (``None`` is a meaningful timeout: no limit)."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
+
+
+# --------------------------------------------------------------------------- conversion
+
+
+class ArgsConverter:
+    """Turns job args instances into JSON-ready dicts and back.
+
+    Every value must survive a round trip through a PostgreSQL ``jsonb`` column
+    unchanged, so the converter refuses what ``jsonb`` would alter or reject: naive
+    datetimes (ambiguous between processes in different zones), non-finite floats,
+    strings holding NUL characters or lone surrogates.
+    """
+
+    def __init__(self, converter: cattrs.Converter | None = None) -> None:
+        self.cattrs = converter if converter is not None else _make_cattrs_converter()
+
+    def to_json(self, args: object) -> dict[str, Any]:
+        """Return the JSON object stored in the job row for ``args``.
+
+        Raises:
+            InvalidJobArgsError: the value cannot be stored faithfully.
+        """
+        cls = type(args)
+        _resolve_types_once(cls)
+        try:
+            data = self.cattrs.unstructure(args, unstructure_as=cls)
+        except InvalidJobArgsError:
+            raise
+        except Exception as exc:
+            raise InvalidJobArgsError(
+                f"cannot convert {cls.__qualname__} args to JSON: {exc}; register an unstructure "
+                "hook for that type on the kind's converter"
+            ) from exc
+        if not isinstance(data, dict):
+            raise InvalidJobArgsError(
+                f"{cls.__qualname__} args must convert to a JSON object, got {type(data).__name__}"
+            )
+        check_json_document(data, cls.__qualname__)
+        return data
+
+    def from_json(self, cls: type[T], data: Any) -> T:
+        """Build an instance of ``cls`` from the JSON stored in a job row.
+
+        Raises:
+            InvalidJobArgsError: the stored JSON no longer fits the class.
+        """
+        _resolve_types_once(cls)
+        try:
+            return self.cattrs.structure(data, cls)
+        except Exception as exc:
+            detail = _describe_structure_error(exc)
+            raise InvalidJobArgsError(
+                f"stored args do not convert to {cls.__qualname__}: {detail}; if the class "
+                "changed, give new fields defaults so older jobs still load"
+            ) from exc
+
+
+def _make_cattrs_converter() -> cattrs.Converter:
+    conv = cattrs.Converter(forbid_extra_keys=False)
+
+    def unstructure_datetime(value: dt.datetime) -> str:
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise InvalidJobArgsError(
+                f"naive datetime {value.isoformat()} in job args; use a time-zone-aware datetime "
+                "such as datetime.now(timezone.utc)"
+            )
+        return value.isoformat()
+
+    def structure_datetime(value: Any, _: type) -> dt.datetime:
+        parsed = dt.datetime.fromisoformat(value)
+        if parsed.tzinfo is None:
+            raise ValueError(f"stored datetime {value!r} has no time zone")
+        return parsed
+
+    conv.register_unstructure_hook(dt.datetime, unstructure_datetime)
+    conv.register_structure_hook(dt.datetime, structure_datetime)
+    conv.register_unstructure_hook(dt.date, lambda value: value.isoformat())
+    conv.register_structure_hook(dt.date, lambda value, _: dt.date.fromisoformat(value))
+    # Decimals travel as strings: a JSON number would pass through float precision.
+    conv.register_unstructure_hook(Decimal, str)
+    conv.register_structure_hook(Decimal, lambda value, _: Decimal(value))
+    conv.register_unstructure_hook(uuid.UUID, str)
+    conv.register_structure_hook(uuid.UUID, lambda value, _: uuid.UUID(value))
+    # jsonb stores numbers as numeric: 1e20 comes back as the integer 100000000000000000000.
+    conv.register_structure_hook(float, lambda value, _: float(value))
+    return conv
+
+
+def check_json_document(data: Any, owner: str) -> None:
+    """Reject what PostgreSQL's jsonb would refuse or change."""
+
+    def visit(value: Any) -> None:
+        if isinstance(value, str):
+            _check_json_string(value, owner)
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise InvalidJobArgsError(
+                    f"{owner} args hold the float {value}, which JSON cannot represent; "
+                    "use None or a Decimal"
+                )
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise InvalidJobArgsError(
+                        f"{owner} args hold a dict key {key!r} that is not a string; JSON "
+                        "object keys must be strings"
+                    )
+                _check_json_string(key, owner)
+                visit(item)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                visit(item)
+        elif value is None or isinstance(value, bool | int):
+            return
+        else:
+            raise InvalidJobArgsError(
+                f"{owner} args hold a {type(value).__name__}, which the converter does not know; "
+                "register an unstructure hook for it on the kind's converter"
+            )
+
+    visit(data)
+
+
+def _check_json_string(value: str, owner: str) -> None:
+    if "\x00" in value:
+        raise InvalidJobArgsError(
+            f"{owner} args hold a string with a NUL character, which PostgreSQL's jsonb cannot "
+            "store; strip it or encode the value (e.g. base64)"
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidJobArgsError(
+            f"{owner} args hold a string that is not valid Unicode ({exc.reason}); "
+            "decode bytes properly before enqueueing"
+        ) from exc
+
+
+def _describe_structure_error(exc: Exception) -> str:
+    if isinstance(exc, cattrs.BaseValidationError):
+        messages = cattrs.transform_error(exc)
+        return "; ".join(messages)
+    return str(exc) or type(exc).__name__
+
+
+_resolved: set[type] = set()
+_resolve_lock = threading.Lock()
+
+
+def _resolve_types_once(cls: type) -> None:
+    # Forward references (``from __future__ import annotations``) can only be resolved once
+    # the defining module has finished importing, so this happens on first use.
+    if cls in _resolved:
+        return
+    with _resolve_lock:
+        try:
+            attrs.resolve_types(cls)
+        except NameError as exc:
+            raise InvalidJobArgsError(
+                f"cannot resolve the type annotations of {cls.__qualname__}: {exc}"
+            ) from exc
+        _resolved.add(cls)
+
+
+default_converter = ArgsConverter()
+
+
+# --------------------------------------------------------------------------- kinds
+
+
+@attrs.frozen
+class KindDefaults:
+    """Per-kind insert defaults declared on the args class.
+
+    ``None`` means "not set here": the call site may set it, otherwise the library
+    default applies (queue ``"default"``, priority 1, 25 attempts, no tags).
+    """
+
+    queue: str | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
+    tags: tuple[str, ...] | None = None
+    timeout: dt.timedelta | None | object = UNSET
+
+
+@attrs.frozen
+class JobKind:
+    """A registered kind: its name, its args class, its defaults and its converter."""
+
+    name: str
+    args_class: type
+    defaults: KindDefaults
+    converter: ArgsConverter
+
+    def encode(self, args: object) -> dict[str, Any]:
+        return self.converter.to_json(args)
+
+    def decode(self, data: Any) -> Any:
+        return self.converter.from_json(self.args_class, data)
+
+
+class KindRegistry:
+    """Maps kind strings to their args classes; thread-safe."""
+
+    def __init__(self) -> None:
+        self._kinds: dict[str, JobKind] = {}
+        self._lock = threading.Lock()
+
+    def register(self, kind: JobKind) -> None:
+        with self._lock:
+            existing = self._kinds.get(kind.name)
+            if existing is not None and not _same_class(existing.args_class, kind.args_class):
+                raise DuplicateKindError(kind.name, existing.args_class, kind.args_class)
+            self._kinds[kind.name] = kind
+
+    def get(self, name: str) -> JobKind:
+        try:
+            return self._kinds[name]
+        except KeyError:
+            raise UnknownKindError(name) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._kinds
+
+    def names(self) -> list[str]:
+        return sorted(self._kinds)
+
+
+def _same_class(a: type, b: type) -> bool:
+    # Re-executing a module (reload, a script run twice) makes a new class object with the
+    # same identity; that is a redefinition, not a clash.
+    return (a.__module__, a.__qualname__) == (b.__module__, b.__qualname__)
+
+
+default_registry = KindRegistry()
+
+
+def kind_of(args_or_class: object) -> JobKind:
+    """Return the :class:`JobKind` of a job args instance or class.
+
+    Raises:
+        InvalidJobArgsError: the object was not declared with :func:`job_args`.
+    """
+    cls = args_or_class if isinstance(args_or_class, type) else type(args_or_class)
+    kind = cls.__dict__.get("__sa_jobs_kind__")
+    if not isinstance(kind, JobKind):
+        raise InvalidJobArgsError(
+            f"{cls.__qualname__} is not a job args class; decorate it with "
+            "@sa_jobs.job_args(kind=...)"
+        )
+    return kind
+
+
+# --------------------------------------------------------------------------- declaration
+
+def job_args(
+    *,
+    kind: str,
+    queue: str | None = None,
+    priority: int | None = None,
+    max_attempts: int | None = None,
+    tags: Iterable[str] | None = None,
+    timeout: dt.timedelta | None | object = UNSET,
+    converter: ArgsConverter | None = None,
+    registry: KindRegistry | None = None,
+    frozen: bool = True,
+) -> Callable[[type[T]], type[T]]:
+    """Declare a job args class.
+
+    The decorated class becomes an attrs class (frozen by default) registered under
+    ``kind``. Per-kind defaults are validated now, so a bad declaration fails at import.
+
+    Args:
+        kind: The stable name stored in job rows (1-128 characters).
+        queue: Default queue for jobs of this kind.
+        priority: Default priority, 1 (highest) to 4.
+        max_attempts: Default number of attempts before the job is discarded.
+        tags: Default tags.
+        timeout: Default run time limit for the worker; ``None`` for no limit.
+        converter: Converter for this kind's args; the shared default if omitted.
+        registry: Registry to record the kind in; the default registry if omitted.
+        frozen: Make instances immutable (recommended: args are values).
+    """
+    from sa_jobs.options import validate_kind_defaults
+
+    check_kind_name(kind)
+    defaults = KindDefaults(
+        queue=queue,
+        priority=priority,
+        max_attempts=max_attempts,
+        tags=tuple(tags) if tags is not None else None,
+        timeout=timeout,
+    )
+    validate_kind_defaults(defaults)
+
+    def decorate(cls: type[T]) -> type[T]:
+        if attrs.has(cls) and "__attrs_attrs__" in cls.__dict__:
+            attrs_cls = cls
+        else:
+            attrs_cls = attrs.define(cls, frozen=frozen)
+        job_kind = JobKind(
+            name=kind,
+            args_class=attrs_cls,
+            defaults=defaults,
+            converter=converter or default_converter,
+        )
+        (registry or default_registry).register(job_kind)
+        # type.__setattr__ works on frozen attrs classes too.
+        type.__setattr__(attrs_cls, "__sa_jobs_kind__", job_kind)
+        return attrs_cls
+
+    return decorate
+
+
+def check_kind_name(kind: object) -> None:
+    if not isinstance(kind, str) or not kind.strip():
+        raise InvalidJobArgsError(f"kind must be a non-empty string, got {kind!r}")
+    if len(kind) > MAX_KIND_LENGTH:
+        raise InvalidJobArgsError(
+            f"kind {kind[:40]!r}... is {len(kind)} characters; the limit is {MAX_KIND_LENGTH}"
+        )
+
+
+def field(
+    *,
+    default: Any = attrs.NOTHING,
+    factory: Callable[[], Any] | None = None,
+    unique: bool = False,
+    sequence: bool = False,
+    converter: Callable[[Any], Any] | None = None,
+    validator: Any = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Any:
+    """An attrs field with sa_jobs flags.
+
+    Args:
+        unique: Part of the subset of args that makes up the unique key.
+        sequence: Part of the subset of args that makes up the sequence key.
+
+    The other arguments are those of :func:`attrs.field`.
+    """
+    merged = dict(metadata or {})
+    merged[FIELD_METADATA_KEY] = {"unique": unique, "sequence": sequence}
+    return attrs.field(
+        default=default,
+        factory=factory,
+        converter=converter,
+        validator=validator,
+        metadata=merged,
+    )
+
+
+def encode_args(args: object) -> tuple[JobKind, dict[str, Any]]:
+    """Return the kind of ``args`` and its JSON form, validating both."""
+    kind = kind_of(args)
+    return kind, kind.encode(args)
+
+
+def dumps(data: Any) -> str:
+    """Serialise an already-validated JSON document the way every insert path does."""
+    return json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

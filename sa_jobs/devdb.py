@@ -1,0 +1,118 @@
+"""Finding a PostgreSQL server for the demo and the tests, and throwaway databases on it.
+
+The order is: ``SA_JOBS_DATABASE_URL``, then ``DATABASE_URL``, then a server on
+``127.0.0.1:5432`` (user ``postgres``), and with none of those an embedded PostgreSQL
+started from the ``pgserver`` package in a temporary directory (``pip install
+'sa-jobs[embedded]'``). Whatever is chosen is said out loud, so nobody wonders which
+database a test run touched.
+
+Throwaway databases are created with a random name and dropped afterwards; nothing
+outside them is read or written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+
+import attrs
+from sqlalchemy import URL, create_engine, make_url, text
+from sqlalchemy.exc import OperationalError
+
+__all__ = ["Server", "find_server", "throwaway_database"]
+
+LOCAL_SERVER_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+URL_VARIABLES = ("SA_JOBS_DATABASE_URL", "DATABASE_URL")
+
+
+@attrs.define
+class Server:
+    """A reachable server: an admin URL, a description of where it came from, a stop hook."""
+
+    url: URL
+    source: str
+    data_dir: str | None = None
+    _stop: Callable[[], None] | None = None
+
+    def stop(self) -> None:
+        if self._stop is not None:
+            self._stop()
+            self._stop = None
+
+
+def normalize_url(raw: str) -> URL:
+    """Accept ``postgres://`` and ``postgresql://`` URLs and use the psycopg 3 driver."""
+    url = make_url(raw)
+    if url.drivername in ("postgres", "postgresql", "postgresql+psycopg2"):
+        url = url.set(drivername="postgresql+psycopg")
+    return url
+
+
+def find_server(*, allow_embedded: bool = True) -> Server:
+    """Return the server to use, trying the configured URL, the local one, then embedded."""
+    for variable in URL_VARIABLES:
+        raw = os.environ.get(variable)
+        if raw:
+            url = normalize_url(raw)
+            return Server(url, f"${variable} ({url.render_as_string(hide_password=True)})")
+    local = make_url(LOCAL_SERVER_URL)
+    if _reachable(local):
+        return Server(local, "the local server at 127.0.0.1:5432")
+    if not allow_embedded:
+        raise RuntimeError(
+            "no PostgreSQL found: set SA_JOBS_DATABASE_URL, or start a server on 127.0.0.1:5432"
+        )
+    return start_embedded()
+
+
+def start_embedded() -> Server:
+    """Start a throwaway PostgreSQL from the ``pgserver`` package."""
+    try:
+        import pgserver  # type: ignore[import-untyped]
+    except ImportError as exc:
+        raise RuntimeError(
+            "no PostgreSQL found and the embedded one is not installed: "
+            "pip install 'sa-jobs[embedded]', or set SA_JOBS_DATABASE_URL"
+        ) from exc
+    data_dir = tempfile.mkdtemp(prefix="sa_jobs_pg_")
+    server = pgserver.get_server(data_dir, cleanup_mode="delete")
+    url = normalize_url(server.get_uri())
+    return Server(url, f"an embedded PostgreSQL (pgserver) in {data_dir}", data_dir, server.cleanup)
+
+
+def _reachable(url: URL) -> bool:
+    engine = create_engine(url, connect_args={"connect_timeout": 2}, poolclass=_null_pool())
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+        return True
+    except OperationalError:
+        return False
+    finally:
+        engine.dispose()
+
+
+def _null_pool() -> type:
+    from sqlalchemy.pool import NullPool
+
+    return NullPool
+
+
+@contextlib.contextmanager
+def throwaway_database(server: Server, prefix: str = "sa_jobs") -> Iterator[URL]:
+    """Create a database with a random name on ``server``; drop it on exit."""
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server.url, isolation_level="AUTOCOMMIT", poolclass=_null_pool())
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+        try:
+            yield server.url.set(database=name)
+        finally:
+            with admin.connect() as connection:
+                connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()

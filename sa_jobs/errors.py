@@ -1,0 +1,87 @@
+"""Every error sa_jobs raises.
+
+All of them derive from :class:`SaJobsError`; where an error resembles a builtin
+(bad input is a ``ValueError``, a missing thing is a ``LookupError``) it also
+derives from that builtin, so existing ``except`` clauses keep working. Each
+message says what to do about it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class SaJobsError(Exception):
+    """The root of every sa_jobs error."""
+
+
+class InvalidJobArgsError(SaJobsError, ValueError):
+    """A job args class or value cannot be used (not convertible, bad declaration)."""
+
+
+class UnknownKindError(SaJobsError, LookupError):
+    """A kind string names no registered job args class."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        super().__init__(
+            f"no job args class is registered for kind {kind!r}; decorate a class with "
+            f"@sa_jobs.job_args(kind={kind!r}) and make sure its module is imported"
+        )
+
+
+class DuplicateKindError(SaJobsError, ValueError):
+    """Two different classes claim the same kind."""
+
+    def __init__(self, kind: str, existing: type, new: type) -> None:
+        self.kind = kind
+        self.existing = existing
+        self.new = new
+        super().__init__(
+            f"kind {kind!r} is already registered by {existing.__module__}.{existing.__qualname__}; "
+            f"give {new.__module__}.{new.__qualname__} a different kind= (kinds are stored in "
+            "job rows, so they must stay unique and stable)"
+        )
+
+
+class InvalidOptionsError(SaJobsError, ValueError):
+    """An insert, unique, sequence or worker option is out of range or contradictory."""
+
+    def __init__(self, option: str, message: str) -> None:
+        self.option = option
+        super().__init__(f"{option}: {message}")
+
+
+class SchemaMissingError(SaJobsError, LookupError):
+    """The tables (or a feature's columns) are not in the database yet."""
+
+    def __init__(self, branch: str, detail: str = "") -> None:
+        self.branch = branch
+        how = (
+            "run `sa-jobs migrate` (or `alembic upgrade heads` with sa_jobs' migrations in your "
+            "version_locations)"
+        )
+        what = f"the sa_jobs {branch!r} migration branch is not installed in this database"
+        super().__init__(f"{what}; {how}" + (f" ({detail})" if detail else ""))
+
+
+class JobNotFoundError(SaJobsError, LookupError):
+    """No job has the given id."""
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id = job_id
+        super().__init__(f"no job with id {job_id}; it may have been removed by the cleaner")
+
+
+class JobStateError(SaJobsError):
+    """The job is not in a state that allows the operation."""
+
+    def __init__(self, job_id: int, state: str, operation: str, allowed: Iterable[str]) -> None:
+        self.job_id = job_id
+        self.state = state
+        self.operation = operation
+        allowed_text = ", ".join(sorted(allowed))
+        super().__init__(
+            f"cannot {operation} job {job_id}: it is {state!r}, and {operation} needs one of "
+            f"{allowed_text}"
+        )

@@ -1,0 +1,188 @@
+"""The job row: :class:`Job`, :class:`JobState`, and the indexes the queue relies on.
+
+The model is the single description of the schema in Python; the Alembic scripts in
+``sa_jobs/migrations`` create the same thing, and a test checks that autogenerate finds
+no difference between the two.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Enum,
+    Identity,
+    Index,
+    MetaData,
+    SmallInteger,
+    Text,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from sa_jobs.args import JobKind, default_registry
+
+__all__ = ["FINAL_STATES", "Base", "Job", "JobState", "metadata"]
+
+#: Include this in your Alembic ``target_metadata`` (as a list entry) so autogenerate
+#: knows sa_jobs' tables are expected and leaves them alone.
+metadata = MetaData(
+    naming_convention={
+        "pk": "%(table_name)s_pkey",
+        "ck": "%(table_name)s_%(constraint_name)s_check",
+        "ix": "%(table_name)s_%(column_0_name)s_idx",
+    }
+)
+
+
+class Base(DeclarativeBase):
+    """Declarative base of sa_jobs' own tables (kept apart from the application's)."""
+
+    metadata = metadata
+
+
+class JobState(enum.StrEnum):
+    """Where a job is in its life.
+
+    ``available`` is due and waiting for a worker; ``scheduled`` waits for its time;
+    ``pending`` waits for something other than time (a sequence); ``running`` is held by a
+    worker; ``retryable`` failed and waits for its next attempt; ``completed``,
+    ``cancelled`` and ``discarded`` (attempts spent) are final.
+    """
+
+    AVAILABLE = "available"
+    SCHEDULED = "scheduled"
+    PENDING = "pending"
+    RUNNING = "running"
+    RETRYABLE = "retryable"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    DISCARDED = "discarded"
+
+
+FINAL_STATES = frozenset({JobState.COMPLETED, JobState.CANCELLED, JobState.DISCARDED})
+
+job_state_type = Enum(
+    JobState,
+    name="sa_job_state",
+    values_callable=lambda states: [state.value for state in states],
+    validate_strings=True,
+)
+
+
+def _state_in(*states: JobState) -> str:
+    return "state IN (" + ", ".join(f"'{state.value}'" for state in states) + ")"
+
+
+class Job(Base):
+    """One job row.
+
+    ``job.args`` is the job args instance (decoded on first access); ``job.args_json``
+    is what is stored. After an insert, ``job.unique_skipped_as_duplicate`` says whether
+    the row already existed.
+    """
+
+    __tablename__ = "sa_job"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    kind: Mapped[str] = mapped_column(Text)
+    args_json: Mapped[Any] = mapped_column("args", JSONB, server_default=text("'{}'::jsonb"))
+    state: Mapped[JobState] = mapped_column(
+        job_state_type, server_default=text("'available'::sa_job_state")
+    )
+    queue: Mapped[str] = mapped_column(Text, server_default=text("'default'::text"))
+    priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("1"))
+    attempt: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
+    max_attempts: Mapped[int] = mapped_column(SmallInteger, server_default=text("25"))
+    errors: Mapped[list[dict[str, Any]]] = mapped_column(
+        JSONB, server_default=text("'[]'::jsonb")
+    )
+    metadata_: Mapped[dict[str, Any]] = mapped_column(
+        "metadata", JSONB, server_default=text("'{}'::jsonb")
+    )
+    tags: Mapped[list[str]] = mapped_column(ARRAY(Text), server_default=text("'{}'::text[]"))
+    scheduled_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    attempted_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    attempted_by: Mapped[list[str] | None] = mapped_column(ARRAY(Text))
+    created_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    finalized_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+
+    __table_args__ = (
+        CheckConstraint("priority BETWEEN 1 AND 4", name="priority"),
+        CheckConstraint("max_attempts > 0", name="max_attempts"),
+        CheckConstraint("attempt >= 0", name="attempt"),
+        CheckConstraint("char_length(kind) BETWEEN 1 AND 128", name="kind_length"),
+        CheckConstraint("char_length(queue) BETWEEN 1 AND 128", name="queue_length"),
+        CheckConstraint("cardinality(tags) <= 64", name="tags_count"),
+        CheckConstraint("jsonb_typeof(args) IN ('object', 'array')", name="args_type"),
+        CheckConstraint("jsonb_typeof(metadata) = 'object'", name="metadata_type"),
+        CheckConstraint("jsonb_typeof(errors) = 'array'", name="errors_type"),
+        CheckConstraint(
+            f"({_state_in(*sorted(FINAL_STATES))}) = (finalized_at IS NOT NULL)",
+            name="finalized_iff_final",
+        ),
+        # The fetch query reads this index in order and stops at the batch size.
+        Index(
+            "sa_job_fetch_idx",
+            "queue",
+            "priority",
+            "scheduled_at",
+            "id",
+            postgresql_where=text(_state_in(JobState.AVAILABLE)),
+        ),
+        # The scheduler's "what is due" scan.
+        Index(
+            "sa_job_due_idx",
+            "scheduled_at",
+            postgresql_where=text(_state_in(JobState.SCHEDULED, JobState.RETRYABLE)),
+        ),
+        # The rescuer's scan of running jobs, without reading finished history.
+        Index(
+            "sa_job_running_idx",
+            "attempted_at",
+            postgresql_where=text(_state_in(JobState.RUNNING)),
+        ),
+        # The cleaner's retention scan.
+        Index(
+            "sa_job_finalized_idx",
+            "state",
+            "finalized_at",
+            postgresql_where=text("finalized_at IS NOT NULL"),
+        ),
+    )
+
+    #: Set by the insert paths: True when the insert found an existing duplicate.
+    unique_skipped_as_duplicate: bool = False
+
+    @property
+    def args(self) -> Any:
+        """The job args instance (an instance of the class registered for ``kind``)."""
+        cached = self.__dict__.get("_sa_jobs_args")
+        if cached is None:
+            cached = self.job_kind.decode(self.args_json)
+            self.__dict__["_sa_jobs_args"] = cached
+        return cached
+
+    @property
+    def job_kind(self) -> JobKind:
+        """The registered :class:`~sa_jobs.args.JobKind` of this job."""
+        kind = self.__dict__.get("_sa_jobs_kind")
+        return kind if kind is not None else default_registry.get(self.kind)
+
+    def __repr__(self) -> str:
+        state = self.state.value if isinstance(self.state, JobState) else self.state
+        return f"<Job id={self.id} kind={self.kind!r} state={state} queue={self.queue!r}>"
+
+
+job_table = Job.__table__

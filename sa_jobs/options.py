@@ -1,0 +1,207 @@
+"""Insert options: what a caller may set, how it is validated, and how it is resolved.
+
+Precedence is River's: the call site wins over the args class's declared defaults, which
+win over the library defaults. Every check runs when the options are built, before any
+SQL is sent, so bad input never leaves a half-written batch behind.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from sa_jobs.args import UNSET, check_json_document
+from sa_jobs.errors import InvalidJobArgsError, InvalidOptionsError
+
+if TYPE_CHECKING:
+    from sa_jobs.args import KindDefaults
+
+__all__ = ["DEFAULT_MAX_ATTEMPTS", "DEFAULT_QUEUE", "InsertOpts", "ResolvedInsert"]
+
+DEFAULT_QUEUE = "default"
+DEFAULT_PRIORITY = 1
+DEFAULT_MAX_ATTEMPTS = 25
+
+MAX_QUEUE_LENGTH = 128
+MAX_TAG_LENGTH = 255
+MAX_TAGS = 64
+PRIORITY_RANGE = range(1, 5)
+# attempt and max_attempts are smallint columns.
+MAX_ATTEMPTS_LIMIT = 32_767
+
+
+def check_queue(queue: object) -> str:
+    if not isinstance(queue, str) or not queue.strip():
+        raise InvalidOptionsError("queue", f"must be a non-empty string, got {queue!r}")
+    if len(queue) > MAX_QUEUE_LENGTH:
+        raise InvalidOptionsError(
+            "queue", f"{queue[:40]!r}... is {len(queue)} characters; the limit is "
+            f"{MAX_QUEUE_LENGTH}"
+        )
+    return queue
+
+
+def check_priority(priority: object) -> int:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise InvalidOptionsError("priority", f"must be an int from 1 to 4, got {priority!r}")
+    if priority not in PRIORITY_RANGE:
+        raise InvalidOptionsError(
+            "priority", f"must be from 1 (most urgent) to 4 (least urgent), got {priority}"
+        )
+    return priority
+
+
+def check_max_attempts(max_attempts: object) -> int:
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
+        raise InvalidOptionsError(
+            "max_attempts", f"must be a positive int, got {max_attempts!r}"
+        )
+    if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+        raise InvalidOptionsError(
+            "max_attempts",
+            f"must be from 1 to {MAX_ATTEMPTS_LIMIT}, got {max_attempts}; a job runs at least once",
+        )
+    return max_attempts
+
+
+def check_tags(tags: object) -> tuple[str, ...]:
+    if isinstance(tags, str) or not isinstance(tags, Iterable):
+        raise InvalidOptionsError("tags", f"must be a list of strings, got {tags!r}")
+    result = tuple(tags)
+    if len(result) > MAX_TAGS:
+        raise InvalidOptionsError("tags", f"at most {MAX_TAGS} tags, got {len(result)}")
+    for tag in result:
+        if not isinstance(tag, str) or not tag:
+            raise InvalidOptionsError("tags", f"each tag must be a non-empty string, got {tag!r}")
+        if len(tag) > MAX_TAG_LENGTH:
+            raise InvalidOptionsError(
+                "tags", f"tag {tag[:40]!r}... is {len(tag)} characters; the limit is "
+                f"{MAX_TAG_LENGTH}"
+            )
+        if "\x00" in tag:
+            raise InvalidOptionsError("tags", f"tag {tag!r} holds a NUL character")
+    return result
+
+
+def check_timeout(timeout: object) -> dt.timedelta | None:
+    """``None`` (or a negative duration, River's -1) means no limit."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, int | float) and not isinstance(timeout, bool):
+        timeout = dt.timedelta(seconds=timeout)
+    if not isinstance(timeout, dt.timedelta):
+        raise InvalidOptionsError(
+            "timeout", f"must be a timedelta, a number of seconds or None, got {timeout!r}"
+        )
+    if timeout < dt.timedelta(0):
+        return None
+    if timeout == dt.timedelta(0):
+        raise InvalidOptionsError("timeout", "must be positive; use None for no limit")
+    return timeout
+
+
+def check_scheduled_at(scheduled_at: object) -> dt.datetime:
+    if not isinstance(scheduled_at, dt.datetime):
+        raise InvalidOptionsError(
+            "scheduled_at", f"must be a datetime, got {type(scheduled_at).__name__}"
+        )
+    if scheduled_at.tzinfo is None or scheduled_at.utcoffset() is None:
+        raise InvalidOptionsError(
+            "scheduled_at",
+            f"{scheduled_at.isoformat()} is naive; pass a time-zone-aware datetime such as "
+            "datetime.now(timezone.utc) + timedelta(minutes=5)",
+        )
+    return scheduled_at
+
+
+def check_metadata(metadata: object) -> dict[str, Any]:
+    if not isinstance(metadata, Mapping):
+        raise InvalidOptionsError("metadata", f"must be a dict, got {type(metadata).__name__}")
+    result = dict(metadata)
+    try:
+        check_json_document(result, "metadata")
+    except InvalidJobArgsError as exc:
+        raise InvalidOptionsError("metadata", str(exc)) from exc
+    return result
+
+
+def validate_kind_defaults(defaults: KindDefaults) -> None:
+    """Fail at declaration time on a bad per-kind default."""
+    if defaults.queue is not None:
+        check_queue(defaults.queue)
+    if defaults.priority is not None:
+        check_priority(defaults.priority)
+    if defaults.max_attempts is not None:
+        check_max_attempts(defaults.max_attempts)
+    if defaults.tags is not None:
+        check_tags(defaults.tags)
+    if defaults.timeout is not UNSET:
+        check_timeout(defaults.timeout)
+
+
+def _optional(check: Any) -> Any:
+    def validator(_instance: Any, _attribute: Any, value: Any) -> None:
+        if value is not None:
+            check(value)
+
+    return validator
+
+
+def _tags_or_none(value: Any) -> tuple[str, ...] | None:
+    return None if value is None else check_tags(value)
+
+
+@attrs.frozen
+class InsertOpts:
+    """Per-call insert options; ``None`` means "use the kind's default, else the library's".
+
+    Attributes:
+        queue: Queue name, 1-128 characters. Library default ``"default"``.
+        priority: 1 (most urgent) to 4. Library default 1.
+        max_attempts: Attempts before the job is discarded, at least 1. Library default 25.
+        tags: Free-form labels (at most 64, each 1-255 characters). Library default none.
+        metadata: A JSON object stored with the job, for your own bookkeeping.
+        scheduled_at: When the job becomes due (time-zone aware). A future time makes the
+            job ``scheduled``; omitted or past means ``available`` now (database clock).
+    """
+
+    queue: str | None = attrs.field(default=None, validator=_optional(check_queue))
+    priority: int | None = attrs.field(default=None, validator=_optional(check_priority))
+    max_attempts: int | None = attrs.field(default=None, validator=_optional(check_max_attempts))
+    tags: tuple[str, ...] | None = attrs.field(default=None, converter=_tags_or_none)
+    metadata: Mapping[str, Any] | None = attrs.field(
+        default=None, validator=_optional(check_metadata)
+    )
+    scheduled_at: dt.datetime | None = attrs.field(
+        default=None, validator=_optional(check_scheduled_at)
+    )
+
+    def resolve(self, declared: KindDefaults) -> ResolvedInsert:
+        """Combine with a kind's declared defaults and the library defaults."""
+        return ResolvedInsert(
+            queue=_first(self.queue, declared.queue, DEFAULT_QUEUE),
+            priority=_first(self.priority, declared.priority, DEFAULT_PRIORITY),
+            max_attempts=_first(self.max_attempts, declared.max_attempts, DEFAULT_MAX_ATTEMPTS),
+            tags=_first(self.tags, declared.tags, ()),
+            metadata=dict(self.metadata) if self.metadata is not None else {},
+            scheduled_at=self.scheduled_at,
+        )
+
+
+def _first(*values: Any) -> Any:
+    return next(value for value in values if value is not None)
+
+
+@attrs.frozen
+class ResolvedInsert:
+    """Fully resolved column values for one job row (everything but the args)."""
+
+    queue: str
+    priority: int
+    max_attempts: int
+    tags: tuple[str, ...]
+    metadata: dict[str, Any]
+    scheduled_at: dt.datetime | None

@@ -1,0 +1,83 @@
+"""Installing the schema: Alembic branches, :func:`migrate`, and missing-schema errors.
+
+sa_jobs ships its Alembic scripts inside the package (``sa_jobs/migrations/versions``),
+one branch per feature. An application that uses Alembic adds
+``sa_jobs:migrations/versions`` to its ``version_locations``; one that does not calls
+:func:`migrate` (or ``sa-jobs migrate``), which runs the same scripts and records them in
+a version table of their own, ``sa_jobs_alembic_version``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy.exc import ProgrammingError
+
+from sa_jobs.errors import SchemaMissingError
+
+__all__ = ["BRANCHES", "CORE_BRANCH", "VERSION_TABLE", "downgrade", "migrate"]
+
+CORE_BRANCH = "sa_jobs_core"
+#: Every branch label, in the order ``sa-jobs migrate`` lists them.
+BRANCHES = (CORE_BRANCH,)
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+#: The version table ``migrate()`` uses, apart from an application's ``alembic_version``.
+VERSION_TABLE = "sa_jobs_alembic_version"
+#: Serialises concurrent migrators (two processes deploying at once).
+MIGRATION_LOCK_KEY = 0x5A_10B5_0000_0001
+
+
+def alembic_config(connection: Connection, version_table: str = VERSION_TABLE) -> Config:
+    """An Alembic config that runs sa_jobs' scripts on ``connection``."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("version_locations", str(MIGRATIONS_DIR / "versions"))
+    config.attributes["connection"] = connection
+    config.attributes["version_table"] = version_table
+    return config
+
+
+def migrate(bind: Engine | Connection, target: str = "heads") -> None:
+    """Upgrade the database to ``target`` (default: every branch's head).
+
+    ``target`` may name one branch, such as ``"sa_jobs_core@head"``. Safe to run from
+    several processes at once: they queue on an advisory lock and the later ones find
+    nothing to do.
+    """
+    with _locked_connection(bind) as connection:
+        command.upgrade(alembic_config(connection), target)
+
+
+def downgrade(bind: Engine | Connection, target: str) -> None:
+    """Downgrade to ``target`` (``"base"`` removes everything sa_jobs installed)."""
+    with _locked_connection(bind) as connection:
+        command.downgrade(alembic_config(connection), target)
+
+
+@contextlib.contextmanager
+def _locked_connection(bind: Engine | Connection) -> Iterator[Connection]:
+    if isinstance(bind, Connection):
+        bind.execute(select(func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
+        yield bind
+        return
+    with bind.begin() as connection:
+        connection.execute(select(func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
+        yield connection
+
+
+@contextlib.contextmanager
+def translate_missing_schema() -> Iterator[None]:
+    """Turn "relation sa_job does not exist" into an error that says what to run."""
+    try:
+        yield
+    except ProgrammingError as exc:
+        sqlstate = getattr(exc.orig, "sqlstate", None)
+        if sqlstate in ("42P01", "42704") and "sa_job" in str(exc.orig):
+            raise SchemaMissingError(CORE_BRANCH, str(exc.orig).splitlines()[0]) from exc
+        raise
