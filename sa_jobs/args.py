@@ -22,7 +22,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any, TypeVar, dataclass_transform
 
 import attrs
 import cattrs
@@ -239,7 +239,7 @@ class KindDefaults:
     priority: int | None = None
     max_attempts: int | None = None
     tags: tuple[str, ...] | None = None
-    timeout: dt.timedelta | None | object = UNSET
+    timeout: dt.timedelta | object | None = UNSET
 
 
 @attrs.frozen
@@ -312,6 +312,37 @@ def kind_of(args_or_class: object) -> JobKind:
 
 # --------------------------------------------------------------------------- declaration
 
+
+def field(
+    *,
+    default: Any = attrs.NOTHING,
+    factory: Callable[[], Any] | None = None,
+    unique: bool = False,
+    sequence: bool = False,
+    converter: Callable[[Any], Any] | None = None,
+    validator: Any = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Any:
+    """An attrs field with sa_jobs flags.
+
+    Args:
+        unique: Part of the subset of args that makes up the unique key.
+        sequence: Part of the subset of args that makes up the sequence key.
+
+    The other arguments are those of :func:`attrs.field`.
+    """
+    merged = dict(metadata or {})
+    merged[FIELD_METADATA_KEY] = {"unique": unique, "sequence": sequence}
+    return attrs.field(
+        default=default,
+        factory=factory,
+        converter=converter,
+        validator=validator,
+        metadata=merged,
+    )
+
+
+@dataclass_transform(frozen_default=True, field_specifiers=(attrs.field, field))
 def job_args(
     *,
     kind: str,
@@ -319,7 +350,7 @@ def job_args(
     priority: int | None = None,
     max_attempts: int | None = None,
     tags: Iterable[str] | None = None,
-    timeout: dt.timedelta | None | object = UNSET,
+    timeout: dt.timedelta | object | None = UNSET,
     converter: ArgsConverter | None = None,
     registry: KindRegistry | None = None,
     frozen: bool = True,
@@ -353,10 +384,9 @@ def job_args(
     validate_kind_defaults(defaults)
 
     def decorate(cls: type[T]) -> type[T]:
-        if attrs.has(cls) and "__attrs_attrs__" in cls.__dict__:
-            attrs_cls = cls
-        else:
-            attrs_cls = attrs.define(cls, frozen=frozen)
+        attrs_cls: type[T] = (
+            cls if "__attrs_attrs__" in cls.__dict__ else attrs.define(cls, frozen=frozen)
+        )
         job_kind = JobKind(
             name=kind,
             args_class=attrs_cls,
@@ -378,35 +408,6 @@ def check_kind_name(kind: object) -> None:
         raise InvalidJobArgsError(
             f"kind {kind[:40]!r}... is {len(kind)} characters; the limit is {MAX_KIND_LENGTH}"
         )
-
-
-def field(
-    *,
-    default: Any = attrs.NOTHING,
-    factory: Callable[[], Any] | None = None,
-    unique: bool = False,
-    sequence: bool = False,
-    converter: Callable[[Any], Any] | None = None,
-    validator: Any = None,
-    metadata: Mapping[str, Any] | None = None,
-) -> Any:
-    """An attrs field with sa_jobs flags.
-
-    Args:
-        unique: Part of the subset of args that makes up the unique key.
-        sequence: Part of the subset of args that makes up the sequence key.
-
-    The other arguments are those of :func:`attrs.field`.
-    """
-    merged = dict(metadata or {})
-    merged[FIELD_METADATA_KEY] = {"unique": unique, "sequence": sequence}
-    return attrs.field(
-        default=default,
-        factory=factory,
-        converter=converter,
-        validator=validator,
-        metadata=merged,
-    )
 
 
 def encode_args(args: object) -> tuple[JobKind, dict[str, Any]]:

@@ -71,14 +71,16 @@ def find_server(*, allow_embedded: bool = True) -> Server:
 def start_embedded() -> Server:
     """Start a throwaway PostgreSQL from the ``pgserver`` package."""
     try:
-        import pgserver  # type: ignore[import-untyped]
+        import pgserver  # type: ignore[import-untyped,unused-ignore]
     except ImportError as exc:
         raise RuntimeError(
             "no PostgreSQL found and the embedded one is not installed: "
             "pip install 'sa-jobs[embedded]', or set SA_JOBS_DATABASE_URL"
         ) from exc
     data_dir = tempfile.mkdtemp(prefix="sa_jobs_pg_")
-    server = pgserver.get_server(data_dir, cleanup_mode="delete")
+    server = pgserver.get_server(  # type: ignore[attr-defined,unused-ignore]
+        data_dir, cleanup_mode="delete"
+    )
     url = normalize_url(server.get_uri())
     return Server(url, f"an embedded PostgreSQL (pgserver) in {data_dir}", data_dir, server.cleanup)
 

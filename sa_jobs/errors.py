@@ -37,8 +37,9 @@ class DuplicateKindError(SaJobsError, ValueError):
         self.kind = kind
         self.existing = existing
         self.new = new
+        owner = f"{existing.__module__}.{existing.__qualname__}"
         super().__init__(
-            f"kind {kind!r} is already registered by {existing.__module__}.{existing.__qualname__}; "
+            f"kind {kind!r} is already registered by {owner}; "
             f"give {new.__module__}.{new.__qualname__} a different kind= (kinds are stored in "
             "job rows, so they must stay unique and stable)"
         )

@@ -33,12 +33,13 @@ from sqlalchemy import (
     case,
     column,
     event,
+    func,
     inspect,
+    select,
 )
 from sqlalchemy import DateTime as SADateTime
 from sqlalchemy import cast as sql_cast
 from sqlalchemy import false as sql_false
-from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session, UOWTransaction
@@ -165,9 +166,7 @@ def jobs_insert(rows: Sequence[dict[str, Any]]) -> Insert:
         .render_derived(name="job_rows", with_types=True)
     )
     due_at = func.coalesce(source.c.scheduled_at, func.now())
-    state = case(
-        (due_at > func.now(), JobState.SCHEDULED.value), else_=JobState.AVAILABLE.value
-    )
+    state = case((due_at > func.now(), JobState.SCHEDULED.value), else_=JobState.AVAILABLE.value)
     rows_select = select(
         source.c.kind,
         source.c.args,
@@ -180,7 +179,7 @@ def jobs_insert(rows: Sequence[dict[str, Any]]) -> Insert:
         due_at,
     ).order_by(source.c.ord)
     return (
-        pg_insert(job_table)
+        pg_insert(Job)
         .from_select(list(_INSERTED_COLUMNS), rows_select)
         .returning(*job_table.c, sql_false().label(SKIPPED_COLUMN))
     )

@@ -101,9 +101,7 @@ class Job(Base):
     priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("1"))
     attempt: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
     max_attempts: Mapped[int] = mapped_column(SmallInteger, server_default=text("25"))
-    errors: Mapped[list[dict[str, Any]]] = mapped_column(
-        JSONB, server_default=text("'[]'::jsonb")
-    )
+    errors: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
     metadata_: Mapped[dict[str, Any]] = mapped_column(
         "metadata", JSONB, server_default=text("'{}'::jsonb")
     )

@@ -38,8 +38,8 @@ def check_queue(queue: object) -> str:
         raise InvalidOptionsError("queue", f"must be a non-empty string, got {queue!r}")
     if len(queue) > MAX_QUEUE_LENGTH:
         raise InvalidOptionsError(
-            "queue", f"{queue[:40]!r}... is {len(queue)} characters; the limit is "
-            f"{MAX_QUEUE_LENGTH}"
+            "queue",
+            f"{queue[:40]!r}... is {len(queue)} characters; the limit is {MAX_QUEUE_LENGTH}",
         )
     return queue
 
@@ -56,9 +56,7 @@ def check_priority(priority: object) -> int:
 
 def check_max_attempts(max_attempts: object) -> int:
     if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
-        raise InvalidOptionsError(
-            "max_attempts", f"must be a positive int, got {max_attempts!r}"
-        )
+        raise InvalidOptionsError("max_attempts", f"must be a positive int, got {max_attempts!r}")
     if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
         raise InvalidOptionsError(
             "max_attempts",
@@ -78,8 +76,8 @@ def check_tags(tags: object) -> tuple[str, ...]:
             raise InvalidOptionsError("tags", f"each tag must be a non-empty string, got {tag!r}")
         if len(tag) > MAX_TAG_LENGTH:
             raise InvalidOptionsError(
-                "tags", f"tag {tag[:40]!r}... is {len(tag)} characters; the limit is "
-                f"{MAX_TAG_LENGTH}"
+                "tags",
+                f"tag {tag[:40]!r}... is {len(tag)} characters; the limit is {MAX_TAG_LENGTH}",
             )
         if "\x00" in tag:
             raise InvalidOptionsError("tags", f"tag {tag!r} holds a NUL character")

@@ -13,11 +13,11 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
-from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.exc import ProgrammingError
 
+from alembic import command
 from sa_jobs.errors import SchemaMissingError
 
 __all__ = ["BRANCHES", "CORE_BRANCH", "VERSION_TABLE", "downgrade", "migrate"]
@@ -37,6 +37,7 @@ def alembic_config(connection: Connection, version_table: str = VERSION_TABLE) -
     """An Alembic config that runs sa_jobs' scripts on ``connection``."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("path_separator", "os")
     config.set_main_option("version_locations", str(MIGRATIONS_DIR / "versions"))
     config.attributes["connection"] = connection
     config.attributes["version_table"] = version_table

@@ -6,9 +6,9 @@ Applications with their own Alembic environment do not use this file: they only 
 
 from __future__ import annotations
 
-from alembic import context
-from sqlalchemy import create_engine
+from sqlalchemy import Connection, create_engine
 
+from alembic import context
 from sa_jobs.models import metadata
 
 config = context.config
@@ -27,7 +27,7 @@ def run() -> None:
     _run_on(connection, version_table)
 
 
-def _run_on(connection: object, version_table: str) -> None:
+def _run_on(connection: Connection, version_table: str) -> None:
     context.configure(
         connection=connection,
         target_metadata=metadata,

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from alembic import op
 from sqlalchemy.dialects import postgresql
+
+from alembic import op
 
 revision: str = "sajobs_core_0001"
 down_revision: str | Sequence[str] | None = None
@@ -61,38 +62,49 @@ def upgrade() -> None:
         "sa_job",
         sa.Column("id", sa.BigInteger(), sa.Identity(), primary_key=True),
         sa.Column("kind", sa.Text(), nullable=False),
-        sa.Column("args", postgresql.JSONB(), server_default=sa.text("'{}'::jsonb"),
-                  nullable=False),
-        sa.Column("state", state_type, server_default=sa.text("'available'::sa_job_state"),
-                  nullable=False),
+        sa.Column(
+            "args", postgresql.JSONB(), server_default=sa.text("'{}'::jsonb"), nullable=False
+        ),
+        sa.Column(
+            "state", state_type, server_default=sa.text("'available'::sa_job_state"), nullable=False
+        ),
         sa.Column("queue", sa.Text(), server_default=sa.text("'default'::text"), nullable=False),
         sa.Column("priority", sa.SmallInteger(), server_default=sa.text("1"), nullable=False),
         sa.Column("attempt", sa.SmallInteger(), server_default=sa.text("0"), nullable=False),
-        sa.Column("max_attempts", sa.SmallInteger(), server_default=sa.text("25"),
-                  nullable=False),
-        sa.Column("errors", postgresql.JSONB(), server_default=sa.text("'[]'::jsonb"),
-                  nullable=False),
-        sa.Column("metadata", postgresql.JSONB(), server_default=sa.text("'{}'::jsonb"),
-                  nullable=False),
-        sa.Column("tags", postgresql.ARRAY(sa.Text()), server_default=sa.text("'{}'::text[]"),
-                  nullable=False),
-        sa.Column("scheduled_at", sa.DateTime(timezone=True), server_default=sa.func.now(),
-                  nullable=False),
+        sa.Column("max_attempts", sa.SmallInteger(), server_default=sa.text("25"), nullable=False),
+        sa.Column(
+            "errors", postgresql.JSONB(), server_default=sa.text("'[]'::jsonb"), nullable=False
+        ),
+        sa.Column(
+            "metadata", postgresql.JSONB(), server_default=sa.text("'{}'::jsonb"), nullable=False
+        ),
+        sa.Column(
+            "tags",
+            postgresql.ARRAY(sa.Text()),
+            server_default=sa.text("'{}'::text[]"),
+            nullable=False,
+        ),
+        sa.Column(
+            "scheduled_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+        ),
         sa.Column("attempted_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("attempted_by", postgresql.ARRAY(sa.Text()), nullable=True),
-        sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now(),
-                  nullable=False),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+        ),
         sa.Column("finalized_at", sa.DateTime(timezone=True), nullable=True),
         sa.PrimaryKeyConstraint("id", name="sa_job_pkey"),
         sa.CheckConstraint("priority BETWEEN 1 AND 4", name="sa_job_priority_check"),
         sa.CheckConstraint("max_attempts > 0", name="sa_job_max_attempts_check"),
         sa.CheckConstraint("attempt >= 0", name="sa_job_attempt_check"),
         sa.CheckConstraint("char_length(kind) BETWEEN 1 AND 128", name="sa_job_kind_length_check"),
-        sa.CheckConstraint("char_length(queue) BETWEEN 1 AND 128",
-                           name="sa_job_queue_length_check"),
+        sa.CheckConstraint(
+            "char_length(queue) BETWEEN 1 AND 128", name="sa_job_queue_length_check"
+        ),
         sa.CheckConstraint("cardinality(tags) <= 64", name="sa_job_tags_count_check"),
-        sa.CheckConstraint("jsonb_typeof(args) IN ('object', 'array')",
-                           name="sa_job_args_type_check"),
+        sa.CheckConstraint(
+            "jsonb_typeof(args) IN ('object', 'array')", name="sa_job_args_type_check"
+        ),
         sa.CheckConstraint("jsonb_typeof(metadata) = 'object'", name="sa_job_metadata_type_check"),
         sa.CheckConstraint("jsonb_typeof(errors) = 'array'", name="sa_job_errors_type_check"),
         sa.CheckConstraint(
@@ -101,19 +113,27 @@ def upgrade() -> None:
         ),
     )
     op.create_index(
-        "sa_job_fetch_idx", "sa_job", ["queue", "priority", "scheduled_at", "id"],
+        "sa_job_fetch_idx",
+        "sa_job",
+        ["queue", "priority", "scheduled_at", "id"],
         postgresql_where=sa.text("state IN ('available')"),
     )
     op.create_index(
-        "sa_job_due_idx", "sa_job", ["scheduled_at"],
+        "sa_job_due_idx",
+        "sa_job",
+        ["scheduled_at"],
         postgresql_where=sa.text("state IN ('scheduled', 'retryable')"),
     )
     op.create_index(
-        "sa_job_running_idx", "sa_job", ["attempted_at"],
+        "sa_job_running_idx",
+        "sa_job",
+        ["attempted_at"],
         postgresql_where=sa.text("state IN ('running')"),
     )
     op.create_index(
-        "sa_job_finalized_idx", "sa_job", ["state", "finalized_at"],
+        "sa_job_finalized_idx",
+        "sa_job",
+        ["state", "finalized_at"],
         postgresql_where=sa.text("finalized_at IS NOT NULL"),
     )
     op.execute(NOTIFY_FUNCTION)
