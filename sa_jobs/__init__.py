@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from sa_jobs import errors
 from sa_jobs.args import ArgsConverter, KindRegistry, field, job_args
+from sa_jobs.complete import complete_in
+from sa_jobs.control import cancel_job, retry_job
 from sa_jobs.errors import SaJobsError
 from sa_jobs.insert import (
     InsertManyParams,
@@ -20,16 +22,24 @@ from sa_jobs.insert import (
 from sa_jobs.models import Job, JobState, metadata
 from sa_jobs.options import InsertOpts
 from sa_jobs.schema import downgrade, migrate
+from sa_jobs.worker import ExponentialRetry, MaintenanceConfig, Retention, RetryPolicy, Worker
 
 __all__ = [
     "ArgsConverter",
+    "ExponentialRetry",
     "InsertManyParams",
     "InsertOpts",
     "InsertResult",
     "Job",
     "JobState",
     "KindRegistry",
+    "MaintenanceConfig",
+    "Retention",
+    "RetryPolicy",
     "SaJobsError",
+    "Worker",
+    "cancel_job",
+    "complete_in",
     "downgrade",
     "enqueue",
     "errors",
@@ -40,4 +50,5 @@ __all__ = [
     "job_args",
     "metadata",
     "migrate",
+    "retry_job",
 ]

@@ -9,6 +9,7 @@ message says what to do about it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import timedelta as _timedelta
 
 
 class SaJobsError(Exception):
@@ -85,4 +86,64 @@ class JobStateError(SaJobsError):
         super().__init__(
             f"cannot {operation} job {job_id}: it is {state!r}, and {operation} needs one of "
             f"{allowed_text}"
+        )
+
+
+class JobInterruptedError(SaJobsError):
+    """The worker asked a running job to stop; raised by ``job.check_cancelled()``."""
+
+    reason = "interrupted"
+
+    def __init__(self, job_id: int, detail: str = "") -> None:
+        self.job_id = job_id
+        super().__init__(f"job {job_id} was {self.reason}" + (f": {detail}" if detail else ""))
+
+
+class JobTimeoutError(JobInterruptedError, TimeoutError):
+    """The job ran past its timeout; the attempt is failed and retried per policy."""
+
+    reason = "timed out"
+
+
+class JobCancelledError(JobInterruptedError):
+    """The job was cancelled (``sa_jobs.cancel_job``); it ends ``cancelled``."""
+
+    reason = "cancelled"
+
+
+class WorkerShutdownError(JobInterruptedError):
+    """The worker is shutting down; the job goes back to ``available`` without spending
+    an attempt."""
+
+    reason = "interrupted by worker shutdown"
+
+
+class JobCancel(SaJobsError):
+    """Raise from a handler to cancel the job for good (no more attempts)."""
+
+    def __init__(self, reason: str = "cancelled by its handler") -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class JobSnooze(SaJobsError):
+    """Raise from a handler to run the job again after ``delay``, without spending an
+    attempt."""
+
+    def __init__(self, delay: float | _timedelta) -> None:
+        seconds = delay.total_seconds() if isinstance(delay, _timedelta) else float(delay)
+        if seconds < 0:
+            raise InvalidOptionsError("delay", "a snooze delay cannot be negative")
+        self.seconds = seconds
+        super().__init__(f"snoozed for {seconds:g} s")
+
+
+class NoHandlerError(SaJobsError, LookupError):
+    """The worker fetched a job of a kind it has no handler for."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        super().__init__(
+            f"this worker has no handler for kind {kind!r}; register one with "
+            f"@worker.handler(<args class of {kind!r}>) or route the kind to another queue"
         )

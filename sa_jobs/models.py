@@ -29,7 +29,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from sa_jobs.args import JobKind, default_registry
 
-__all__ = ["FINAL_STATES", "Base", "Job", "JobState", "metadata"]
+__all__ = ["FINAL_STATES", "Base", "Job", "JobState", "Leader", "WorkerProcess", "metadata"]
 
 #: Include this in your Alembic ``target_metadata`` (as a list entry) so autogenerate
 #: knows sa_jobs' tables are expected and leaves them alone.
@@ -178,9 +178,57 @@ class Job(Base):
         kind = self.__dict__.get("_sa_jobs_kind")
         return kind if kind is not None else default_registry.get(self.kind)
 
+    @property
+    def cancelled(self) -> bool:
+        """True once the worker running this job asked it to stop (timeout, cancel, shutdown).
+
+        Sync handlers should look at it (or call :meth:`check_cancelled`) between steps.
+        """
+        execution = self.__dict__.get("_sa_jobs_execution")
+        return execution is not None and execution.interrupted
+
+    def check_cancelled(self) -> None:
+        """Raise the reason this job was asked to stop, if it was.
+
+        Raises:
+            sa_jobs.errors.JobInterruptedError: a subclass saying why (timeout, cancelled,
+                worker shutdown).
+        """
+        execution = self.__dict__.get("_sa_jobs_execution")
+        if execution is not None:
+            execution.raise_if_interrupted()
+
     def __repr__(self) -> str:
         state = self.state.value if isinstance(self.state, JobState) else self.state
         return f"<Job id={self.id} kind={self.kind!r} state={state} queue={self.queue!r}>"
 
 
 job_table = Job.__table__
+
+
+class WorkerProcess(Base):
+    """A live worker process; its heartbeat tells the rescuer its jobs are not orphaned."""
+
+    __tablename__ = "sa_job_worker"
+
+    id: Mapped[str] = mapped_column(Text, primary_key=True)
+    hostname: Mapped[str] = mapped_column(Text)
+    pid: Mapped[int] = mapped_column(BigInteger)
+    queues: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    started_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    heartbeat_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+
+
+class Leader(Base):
+    """The one worker process currently running maintenance; the lease expires if it dies."""
+
+    __tablename__ = "sa_job_leader"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    leader_id: Mapped[str] = mapped_column(Text)
+    elected_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))

@@ -1,0 +1,208 @@
+"""Finishing a run of a job: the one statement every completion path shares.
+
+A run is identified by ``(id, attempt)``: the fetch increments ``attempt``, and nothing
+else lowers it (a snooze or a shutdown gives the attempt back by raising
+``max_attempts`` instead). :func:`jobs_finish` only touches rows that are still
+``running`` *with that attempt*, so a late result from an attempt that timed out, was
+rescued, or was completed by :func:`complete_in` never overwrites anything.
+
+The batched completer sends many outcomes in one :func:`jobs_finish` statement;
+:func:`complete_in` sends one, inside the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import enum
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+from sqlalchemy import (
+    BigInteger,
+    Float,
+    SmallInteger,
+    Text,
+    and_,
+    bindparam,
+    case,
+    column,
+    func,
+    null,
+    select,
+    update,
+)
+from sqlalchemy import cast as sql_cast
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.sql.dml import ReturningUpdate
+
+from sa_jobs.errors import JobNotFoundError, JobStateError
+from sa_jobs.models import FINAL_STATES, Job, JobState, job_state_type
+
+__all__ = ["Outcome", "complete_in", "error_record", "jobs_finish"]
+
+#: Set in a job's metadata by ``cancel_job`` on a running job: whatever the run ends as
+#: (short of completing), the job ends ``cancelled``.
+CANCEL_ATTEMPTED_KEY = "cancel_attempted_at"
+
+
+class Ending(enum.StrEnum):
+    """How a run ended, as the worker saw it."""
+
+    COMPLETED = "completed"
+    #: Failed: retryable, or discarded when no attempts are left (decided in SQL).
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    #: Run again after ``delay`` without spending an attempt (a snooze).
+    SNOOZED = "snoozed"
+    #: Interrupted by shutdown: available again at once, attempt given back.
+    RETURNED = "returned"
+
+
+@attrs.frozen
+class Outcome:
+    """The result of one run, ready to be written."""
+
+    job_id: int
+    attempt: int
+    ending: Ending
+    #: Seconds from now (database clock) until the job is due again.
+    delay: float | None = None
+    #: Appended to the job's ``errors``.
+    error: dict[str, Any] | None = None
+
+    @classmethod
+    def completed(cls, job: Job) -> Outcome:
+        return cls(job.id, job.attempt, Ending.COMPLETED)
+
+
+def error_record(attempt: int, exc: BaseException, *, with_trace: bool = True) -> dict[str, Any]:
+    """The JSON appended to ``errors`` for a failed attempt (the time is the database's)."""
+    message = str(exc) or type(exc).__name__
+    record: dict[str, Any] = {
+        "attempt": attempt,
+        "error": f"{type(exc).__name__}: {message}",
+    }
+    if with_trace:
+        record["trace"] = "".join(traceback.format_exception(exc))[-8000:]
+    return record
+
+
+_OUTCOME_COLUMNS = (
+    column("id", BigInteger),
+    column("attempt", SmallInteger),
+    column("ending", Text),
+    column("delay", Float),
+    column("error", JSONB),
+)
+
+
+def jobs_finish(outcomes: Sequence[Outcome]) -> ReturningUpdate[int, JobState]:
+    """One ``UPDATE`` that writes every outcome; returns ``(id, new state)`` of rows it changed.
+
+    The new state is decided here, with the row in hand: a failure with no attempts left
+    is discarded; anything short of completion on a job someone tried to cancel ends
+    cancelled.
+    """
+    source = (
+        func.jsonb_to_recordset(
+            bindparam("sa_jobs_outcomes", [_outcome_json(o) for o in outcomes], type_=JSONB)
+        )
+        .table_valued(*_OUTCOME_COLUMNS)
+        .render_derived(name="outcome", with_types=True)
+    )
+    ending = source.c.ending
+    cancel_requested = Job.metadata_.has_key(CANCEL_ATTEMPTED_KEY)
+    next_state = case(
+        (ending == Ending.COMPLETED.value, JobState.COMPLETED.value),
+        (ending == Ending.CANCELLED.value, JobState.CANCELLED.value),
+        (cancel_requested, JobState.CANCELLED.value),
+        (ending == Ending.SNOOZED.value, JobState.SCHEDULED.value),
+        (ending == Ending.RETURNED.value, JobState.AVAILABLE.value),
+        (Job.attempt >= Job.max_attempts, JobState.DISCARDED.value),
+        else_=JobState.RETRYABLE.value,
+    )
+    final_values = [state.value for state in FINAL_STATES]
+    gives_attempt_back = ending.in_([Ending.SNOOZED.value, Ending.RETURNED.value])
+    statement = (
+        update(Job)
+        .where(
+            Job.id == source.c.id,
+            Job.attempt == source.c.attempt,
+            Job.state == JobState.RUNNING,
+        )
+        .values(
+            state=sql_cast(next_state, job_state_type),
+            finalized_at=case((next_state.in_(final_values), func.now()), else_=null()),
+            scheduled_at=case(
+                (
+                    source.c.delay.is_not(None),
+                    func.now() + func.make_interval(0, 0, 0, 0, 0, 0, source.c.delay),
+                ),
+                else_=Job.scheduled_at,
+            ),
+            errors=case(
+                (source.c.error.is_not(None), Job.errors + func.jsonb_build_array(source.c.error)),
+                else_=Job.errors,
+            ),
+            max_attempts=case(
+                (and_(gives_attempt_back, Job.max_attempts < 32767), Job.max_attempts + 1),
+                else_=Job.max_attempts,
+            ),
+        )
+        .returning(Job.id, Job.state)
+    )
+    return statement
+
+
+def _outcome_json(outcome: Outcome) -> dict[str, Any]:
+    return {
+        "id": outcome.job_id,
+        "attempt": outcome.attempt,
+        "ending": outcome.ending.value,
+        "delay": outcome.delay,
+        "error": outcome.error,
+    }
+
+
+def complete_in(session: Session, job: Job) -> None:
+    """Complete a running job inside ``session``'s transaction.
+
+    The completion commits or rolls back with whatever else the transaction does, so a
+    handler's database effects and its job's completion happen exactly once together.
+    Completing a job that is already completed is a no-op (the worker's own completion
+    after this one does nothing either).
+
+    Raises:
+        JobStateError: the job is not running this attempt any more (it timed out, was
+            rescued and rerun, cancelled, ...): roll back, the work belongs to another run.
+        JobNotFoundError: no such job.
+    """
+    connection = session.connection()
+    changed = connection.execute(jobs_finish([Outcome.completed(job)])).all()
+    if changed:
+        _mark_completed(job)
+        return
+    current = connection.execute(
+        select(Job.state, Job.attempt).where(Job.id == job.id)
+    ).one_or_none()
+    if current is None:
+        raise JobNotFoundError(job.id)
+    state, attempt = current
+    if state is JobState.COMPLETED:
+        return
+    if state is JobState.RUNNING:
+        raise JobStateError(
+            job.id,
+            f"running attempt {attempt}, not attempt {job.attempt}",
+            "complete",
+            [f"running attempt {job.attempt}"],
+        )
+    raise JobStateError(job.id, state.value, "complete", [JobState.RUNNING.value])
+
+
+def _mark_completed(job: Job) -> None:
+    # Reflect the new state on the object without a reload and without marking it dirty.
+    set_committed_value(job, "state", JobState.COMPLETED)

@@ -1,0 +1,93 @@
+"""Acting on jobs from outside the worker: cancel and retry, in the caller's transaction.
+
+Both take a session and run in its transaction, like the insert paths, so an
+application can cancel a job together with the change that made it pointless.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import case, func, literal, null, select, update
+from sqlalchemy.orm import Session
+
+from sa_jobs.complete import CANCEL_ATTEMPTED_KEY
+from sa_jobs.errors import JobNotFoundError, JobStateError
+from sa_jobs.models import FINAL_STATES, Job, JobState
+from sa_jobs.worker.notifier import CONTROL_CHANNEL
+
+__all__ = ["cancel_job", "retry_job"]
+
+_FINAL = [state.value for state in FINAL_STATES]
+
+
+def cancel_job(session: Session, job_id: int) -> Job:
+    """Cancel a job.
+
+    A job that is not running is ``cancelled`` at once. A running one is marked (its
+    metadata gets ``cancel_attempted_at``) and its worker is told through ``NOTIFY``
+    when the transaction commits; the worker interrupts the handler and the job ends
+    ``cancelled`` (unless it completes first). A finished job is returned unchanged.
+
+    Raises:
+        JobNotFoundError: no such job.
+    """
+    running = Job.state == JobState.RUNNING
+    statement = (
+        update(Job)
+        .where(Job.id == job_id, Job.state.not_in(_FINAL))
+        .values(
+            state=case((running, Job.state), else_=literal(JobState.CANCELLED.value)).cast(
+                Job.state.type
+            ),
+            finalized_at=case((running, null()), else_=func.now()),
+            metadata_=Job.metadata_.op("||")(
+                func.jsonb_build_object(CANCEL_ATTEMPTED_KEY, func.now())
+            ),
+        )
+        .returning(Job.id, Job.state)
+    )
+    changed = session.execute(statement).one_or_none()
+    if changed is not None and changed.state is JobState.RUNNING:
+        session.execute(select(func.pg_notify(CONTROL_CHANNEL, json.dumps({"cancel": job_id}))))
+    return _reload(session, job_id)
+
+
+def retry_job(session: Session, job_id: int) -> Job:
+    """Make a job available to run again now.
+
+    Works on any job that is not running: a finished one is revived (with one more
+    attempt allowed if it had spent them all), a scheduled or retryable one is brought
+    forward. Errors are kept; ``attempt`` keeps counting.
+
+    Raises:
+        JobStateError: the job is running (cancel it first).
+        JobNotFoundError: no such job.
+    """
+    statement = (
+        update(Job)
+        .where(Job.id == job_id, Job.state != JobState.RUNNING)
+        .values(
+            state=JobState.AVAILABLE,
+            scheduled_at=func.now(),
+            finalized_at=null(),
+            max_attempts=case(
+                (Job.attempt >= Job.max_attempts, Job.attempt + 1), else_=Job.max_attempts
+            ),
+            metadata_=Job.metadata_.op("-")(literal(CANCEL_ATTEMPTED_KEY)),
+        )
+        .returning(Job.id)
+    )
+    if session.execute(statement).one_or_none() is None:
+        job = _reload(session, job_id)
+        raise JobStateError(job_id, job.state.value, "retry", ["any state but running"])
+    return _reload(session, job_id)
+
+
+def _reload(session: Session, job_id: int) -> Job:
+    job = session.execute(
+        select(Job).where(Job.id == job_id).execution_options(populate_existing=True)
+    ).scalar_one_or_none()
+    if job is None:
+        raise JobNotFoundError(job_id)
+    return job

@@ -1,0 +1,56 @@
+"""Deleting finished jobs after their retention, and forgetting long-gone workers."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import attrs
+from sqlalchemy import Connection, delete, func, literal, select
+
+from sa_jobs.models import Job, JobState, WorkerProcess
+
+__all__ = ["Cleaner", "Retention"]
+
+
+@attrs.frozen
+class Retention:
+    """How long finished jobs are kept; ``None`` keeps them forever."""
+
+    completed: dt.timedelta | None = dt.timedelta(hours=24)
+    cancelled: dt.timedelta | None = dt.timedelta(hours=24)
+    discarded: dt.timedelta | None = dt.timedelta(days=7)
+
+
+def _older_than(age: dt.timedelta) -> object:
+    return func.now() - func.make_interval(0, 0, 0, 0, 0, 0, literal(age.total_seconds()))
+
+
+class Cleaner:
+    def __init__(self, retention: Retention, limit: int = 10_000) -> None:
+        self.retention = retention
+        self.limit = limit
+
+    def run_once(self, connection: Connection) -> int:
+        """Delete up to ``limit`` expired jobs per state; returns how many went."""
+        deleted = 0
+        for state, keep in (
+            (JobState.COMPLETED, self.retention.completed),
+            (JobState.CANCELLED, self.retention.cancelled),
+            (JobState.DISCARDED, self.retention.discarded),
+        ):
+            if keep is None:
+                continue
+            expired = (
+                select(Job.id)
+                .where(Job.state == state, Job.finalized_at < _older_than(keep))
+                .limit(self.limit)
+                .with_for_update(skip_locked=True)
+                .scalar_subquery()
+            )
+            deleted += connection.execute(delete(Job).where(Job.id.in_(expired))).rowcount
+        connection.execute(
+            delete(WorkerProcess).where(
+                WorkerProcess.heartbeat_at < _older_than(dt.timedelta(days=1))
+            )
+        )
+        return deleted

@@ -1,0 +1,50 @@
+"""Electing the one process that runs maintenance.
+
+A lease in ``sa_job_leader``: the holder renews it every ``interval``; if it dies, the
+lease expires after ``ttl`` and another process takes it. A leader that stops cleanly
+resigns at once so a successor need not wait.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection, case, delete, func, literal
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from sa_jobs.models import Leader
+
+__all__ = ["LeaderElection"]
+
+LEADER_NAME = "maintenance"
+
+
+class LeaderElection:
+    def __init__(self, worker_id: str, ttl: float) -> None:
+        self.worker_id = worker_id
+        self.ttl = ttl
+
+    def run_once(self, connection: Connection) -> int:
+        """Take or renew the lease; returns 1 while this process leads, else 0."""
+        expires = func.now() + func.make_interval(0, 0, 0, 0, 0, 0, literal(self.ttl))
+        claim = pg_insert(Leader).values(
+            name=LEADER_NAME, leader_id=self.worker_id, elected_at=func.now(), expires_at=expires
+        )
+        excluded = claim.excluded
+        statement = claim.on_conflict_do_update(
+            index_elements=[Leader.name],
+            set_={
+                "leader_id": excluded.leader_id,
+                # A renewal keeps the original election time; a takeover starts anew.
+                "elected_at": case(
+                    (Leader.leader_id == excluded.leader_id, Leader.elected_at),
+                    else_=func.now(),
+                ),
+                "expires_at": excluded.expires_at,
+            },
+            where=(Leader.leader_id == excluded.leader_id) | (Leader.expires_at < func.now()),
+        ).returning(Leader.leader_id)
+        return 1 if connection.execute(statement).first() is not None else 0
+
+    def resign(self, connection: Connection) -> None:
+        connection.execute(
+            delete(Leader).where(Leader.name == LEADER_NAME, Leader.leader_id == self.worker_id)
+        )

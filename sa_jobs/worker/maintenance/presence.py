@@ -1,0 +1,62 @@
+"""Every worker process: a heartbeat row, and a look for cancel requests it may have missed."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Sequence
+
+from sqlalchemy import Connection, delete, func, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from sa_jobs.complete import CANCEL_ATTEMPTED_KEY
+from sa_jobs.models import Job, WorkerProcess
+
+__all__ = ["Presence"]
+
+
+class Presence:
+    def __init__(
+        self,
+        worker_id: str,
+        queues: Sequence[str],
+        running_ids: Callable[[], list[int]],
+        on_cancel: Callable[[int], object],
+    ) -> None:
+        self.worker_id = worker_id
+        self.queues = list(queues)
+        self._running_ids = running_ids
+        self._on_cancel = on_cancel
+
+    def run_once(self, connection: Connection) -> int:
+        """Heartbeat, then interrupt running jobs that someone asked to cancel.
+
+        The cancel NOTIFY is the fast path; this catches one sent while our listen
+        connection was down. Returns the number of cancellations found.
+        """
+        self.heartbeat(connection)
+        ids = self._running_ids()
+        if not ids:
+            return 0
+        cancelled = connection.scalars(
+            select(Job.id).where(Job.id.in_(ids), Job.metadata_.has_key(CANCEL_ATTEMPTED_KEY))
+        ).all()
+        for job_id in cancelled:
+            self._on_cancel(job_id)
+        return len(cancelled)
+
+    def heartbeat(self, connection: Connection) -> None:
+        statement = pg_insert(WorkerProcess).values(
+            id=self.worker_id,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            queues=self.queues,
+        )
+        connection.execute(
+            statement.on_conflict_do_update(
+                index_elements=[WorkerProcess.id], set_={"heartbeat_at": func.now()}
+            )
+        )
+
+    def deregister(self, connection: Connection) -> None:
+        connection.execute(delete(WorkerProcess).where(WorkerProcess.id == self.worker_id))

@@ -1,0 +1,88 @@
+"""Rescuing jobs whose worker vanished.
+
+River cannot tell a slow job from a dead worker, so it rescues any job running longer
+than a horizon that must exceed every timeout. sa_jobs can tell: every worker process
+heartbeats (:mod:`.presence`), and a ``running`` job is rescued only when the process
+that fetched it has not heartbeated for ``rescue_after`` seconds (or its row is gone).
+A live worker's jobs are never touched, however long they run — the worker enforces
+their timeouts itself.
+
+A rescued job is ``retryable`` (due after the default backoff), ``discarded`` if it has
+no attempts left, or ``cancelled`` if someone asked to cancel it; the reason is appended
+to its ``errors``.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import Connection, case, exists, func, literal, null, select, update
+from sqlalchemy import cast as sql_cast
+
+from sa_jobs.complete import CANCEL_ATTEMPTED_KEY
+from sa_jobs.models import FINAL_STATES, Job, JobState, WorkerProcess, job_state_type
+
+__all__ = ["Rescuer", "jobs_rescue_orphaned"]
+
+
+def _seconds(value: object) -> object:
+    return func.make_interval(0, 0, 0, 0, 0, 0, value)
+
+
+def jobs_rescue_orphaned(rescue_after: float, limit: int):  # type: ignore[no-untyped-def]
+    """Rescue up to ``limit`` running jobs whose worker is gone; returns ``(id, state)``."""
+    last_worker = Job.attempted_by[func.cardinality(Job.attempted_by)]
+    alive = exists().where(
+        WorkerProcess.id == last_worker,
+        WorkerProcess.heartbeat_at > func.now() - _seconds(literal(rescue_after)),
+    )
+    orphaned = (
+        select(Job.id)
+        .where(
+            Job.state == JobState.RUNNING,
+            Job.attempted_at < func.now() - _seconds(literal(rescue_after)),
+            ~alive,
+        )
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .cte("orphaned")
+    )
+    next_state = case(
+        (Job.metadata_.has_key(CANCEL_ATTEMPTED_KEY), JobState.CANCELLED.value),
+        (Job.attempt >= Job.max_attempts, JobState.DISCARDED.value),
+        else_=JobState.RETRYABLE.value,
+    )
+    error = func.jsonb_build_object(
+        "attempt",
+        Job.attempt,
+        "error",
+        func.concat(
+            "RescuedError: worker ",
+            last_worker,
+            f" stopped heartbeating for over {rescue_after:g} s while running this job",
+        ),
+        "at",
+        func.now(),
+    )
+    return (
+        update(Job)
+        .where(Job.id == orphaned.c.id)
+        .values(
+            state=sql_cast(next_state, job_state_type),
+            finalized_at=case(
+                (next_state.in_([s.value for s in FINAL_STATES]), func.now()), else_=null()
+            ),
+            # The process died, maybe not the job's fault: retry after the default backoff.
+            scheduled_at=func.now() + _seconds(func.least(func.power(Job.attempt, 4), 86400)),
+            errors=Job.errors + func.jsonb_build_array(error),
+        )
+        .returning(Job.id, Job.state)
+    )
+
+
+class Rescuer:
+    def __init__(self, rescue_after: float, limit: int = 1000) -> None:
+        self.rescue_after = rescue_after
+        self.limit = limit
+
+    def run_once(self, connection: Connection) -> int:
+        """Returns the number of jobs rescued."""
+        return len(connection.execute(jobs_rescue_orphaned(self.rescue_after, self.limit)).all())

@@ -1,0 +1,148 @@
+"""Fetching jobs for one queue, never more than its free slots.
+
+:func:`jobs_fetch_available` locks due jobs with ``FOR UPDATE SKIP LOCKED`` in priority,
+scheduled-time, id order (the order of the fetch index), so any number of worker
+processes on any number of hosts can fetch from one table without blocking each other
+or taking the same job.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Engine, func, select, text, update
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.dml import ReturningUpdate
+
+from sa_jobs.models import Job, JobState
+from sa_jobs.worker.backoff import is_transient
+
+__all__ = ["Producer", "fetch_jobs", "jobs_fetch_available"]
+
+log = logging.getLogger("sa_jobs.worker")
+
+
+def jobs_fetch_available(queue: str, limit: int, worker_id: str) -> ReturningUpdate[Any]:
+    """Lock up to ``limit`` due jobs of ``queue`` and mark them running for ``worker_id``."""
+    locked = (
+        select(Job.id)
+        .where(
+            Job.state == JobState.AVAILABLE,
+            Job.queue == queue,
+            Job.scheduled_at <= func.now(),
+        )
+        .order_by(Job.priority, Job.scheduled_at, Job.id)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+        .cte("locked")
+    )
+    return (
+        update(Job)
+        .where(Job.id == locked.c.id)
+        .values(
+            state=JobState.RUNNING,
+            attempt=Job.attempt + 1,
+            attempted_at=func.now(),
+            attempted_by=func.array_append(
+                func.coalesce(Job.attempted_by, text("'{}'::text[]")), worker_id
+            ),
+        )
+        .returning(Job)
+    )
+
+
+def fetch_jobs(engine: Engine, queue: str, limit: int, worker_id: str) -> list[Job]:
+    """Fetch and detach jobs, in the order they should start."""
+    with Session(engine, expire_on_commit=False) as session, session.begin():
+        statement = select(Job).from_statement(jobs_fetch_available(queue, limit, worker_id))
+        jobs = list(session.scalars(statement))
+    jobs.sort(key=lambda job: (job.priority, job.scheduled_at, job.id))
+    return jobs
+
+
+class Producer:
+    """Keeps one queue's slots busy: fetches when woken (NOTIFY, a finished job) or polled."""
+
+    def __init__(
+        self,
+        queue: str,
+        concurrency: int,
+        *,
+        fetch: Callable[[str, int], list[Job]],
+        dispatch: Callable[[Job], None],
+        poll_interval: float,
+        stopping: threading.Event,
+    ) -> None:
+        self.queue = queue
+        self.concurrency = concurrency
+        self._fetch = fetch
+        self._dispatch = dispatch
+        self._poll_interval = poll_interval
+        self._stopping = stopping
+        self._lock = threading.Lock()
+        self._free = concurrency
+        self._wake = threading.Event()
+        # True once a fetch found nothing while no job was running; reset by any activity.
+        self._drained = False
+        self._thread = threading.Thread(
+            target=self._loop, name=f"sa_jobs-producer-{queue}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self) -> None:
+        self._thread.join()
+
+    def wake(self) -> None:
+        with self._lock:
+            self._drained = False
+        self._wake.set()
+
+    def release(self) -> None:
+        """A job of this queue has settled; its slot is free."""
+        with self._lock:
+            self._free += 1
+            self._drained = False
+        self._wake.set()
+
+    @property
+    def running(self) -> int:
+        with self._lock:
+            return self.concurrency - self._free
+
+    @property
+    def drained(self) -> bool:
+        with self._lock:
+            return self._drained and self._free == self.concurrency
+
+    def _loop(self) -> None:
+        failures = 0
+        while not self._stopping.is_set():
+            self._wake.wait(self._poll_interval)
+            self._wake.clear()
+            while not self._stopping.is_set():
+                with self._lock:
+                    free = self._free
+                if free == 0:
+                    break
+                try:
+                    jobs = self._fetch(self.queue, free)
+                    failures = 0
+                except Exception as exc:
+                    failures += 1
+                    level = logging.WARNING if is_transient(exc) else logging.ERROR
+                    log.log(level, "fetching from queue %r failed: %s", self.queue, exc)
+                    self._stopping.wait(min(0.1 * 2**failures, 5.0))
+                    break
+                with self._lock:
+                    self._free -= len(jobs)
+                    if not jobs and self._free == self.concurrency:
+                        self._drained = True
+                for job in jobs:
+                    self._dispatch(job)
+                if len(jobs) < free:
+                    break
