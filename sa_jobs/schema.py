@@ -13,11 +13,11 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.exc import ProgrammingError
 
-from alembic import command
 from sa_jobs.errors import SchemaMissingError
 
 __all__ = ["BRANCHES", "CORE_BRANCH", "VERSION_TABLE", "downgrade", "migrate"]

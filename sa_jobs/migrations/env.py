@@ -6,9 +6,9 @@ Applications with their own Alembic environment do not use this file: they only 
 
 from __future__ import annotations
 
+from alembic import context
 from sqlalchemy import Connection, create_engine
 
-from alembic import context
 from sa_jobs.models import metadata
 
 config = context.config

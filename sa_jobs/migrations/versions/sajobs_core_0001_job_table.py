@@ -13,9 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
-
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
 revision: str = "sajobs_core_0001"
 down_revision: str | Sequence[str] | None = None
@@ -53,6 +52,13 @@ AFTER INSERT ON sa_job
 REFERENCING NEW TABLE AS sa_job_new_rows
 FOR EACH STATEMENT EXECUTE FUNCTION sa_job_notify_insert()
 """
+
+
+# Every name is wrapped in op.f() ("final"): Alembic applies the naming convention of the
+# env's target_metadata to the names given here, and sa_jobs.metadata's convention would
+# turn name="sa_job_priority_check" into "sa_job_sa_job_priority_check_check" (an app's
+# own convention would make yet another name). op.f() keeps the names the models expect,
+# whichever env runs this script.
 
 
 def upgrade() -> None:
@@ -93,45 +99,49 @@ def upgrade() -> None:
             "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
         ),
         sa.Column("finalized_at", sa.DateTime(timezone=True), nullable=True),
-        sa.PrimaryKeyConstraint("id", name="sa_job_pkey"),
-        sa.CheckConstraint("priority BETWEEN 1 AND 4", name="sa_job_priority_check"),
-        sa.CheckConstraint("max_attempts > 0", name="sa_job_max_attempts_check"),
-        sa.CheckConstraint("attempt >= 0", name="sa_job_attempt_check"),
-        sa.CheckConstraint("char_length(kind) BETWEEN 1 AND 128", name="sa_job_kind_length_check"),
+        sa.PrimaryKeyConstraint("id", name=op.f("sa_job_pkey")),
+        sa.CheckConstraint("priority BETWEEN 1 AND 4", name=op.f("sa_job_priority_check")),
+        sa.CheckConstraint("max_attempts > 0", name=op.f("sa_job_max_attempts_check")),
+        sa.CheckConstraint("attempt >= 0", name=op.f("sa_job_attempt_check")),
         sa.CheckConstraint(
-            "char_length(queue) BETWEEN 1 AND 128", name="sa_job_queue_length_check"
+            "char_length(kind) BETWEEN 1 AND 128", name=op.f("sa_job_kind_length_check")
         ),
-        sa.CheckConstraint("cardinality(tags) <= 64", name="sa_job_tags_count_check"),
         sa.CheckConstraint(
-            "jsonb_typeof(args) IN ('object', 'array')", name="sa_job_args_type_check"
+            "char_length(queue) BETWEEN 1 AND 128", name=op.f("sa_job_queue_length_check")
         ),
-        sa.CheckConstraint("jsonb_typeof(metadata) = 'object'", name="sa_job_metadata_type_check"),
-        sa.CheckConstraint("jsonb_typeof(errors) = 'array'", name="sa_job_errors_type_check"),
+        sa.CheckConstraint("cardinality(tags) <= 64", name=op.f("sa_job_tags_count_check")),
+        sa.CheckConstraint(
+            "jsonb_typeof(args) IN ('object', 'array')", name=op.f("sa_job_args_type_check")
+        ),
+        sa.CheckConstraint(
+            "jsonb_typeof(metadata) = 'object'", name=op.f("sa_job_metadata_type_check")
+        ),
+        sa.CheckConstraint("jsonb_typeof(errors) = 'array'", name=op.f("sa_job_errors_type_check")),
         sa.CheckConstraint(
             "(state IN ('cancelled', 'completed', 'discarded')) = (finalized_at IS NOT NULL)",
-            name="sa_job_finalized_iff_final_check",
+            name=op.f("sa_job_finalized_iff_final_check"),
         ),
     )
     op.create_index(
-        "sa_job_fetch_idx",
+        op.f("sa_job_fetch_idx"),
         "sa_job",
         ["queue", "priority", "scheduled_at", "id"],
         postgresql_where=sa.text("state IN ('available')"),
     )
     op.create_index(
-        "sa_job_due_idx",
+        op.f("sa_job_due_idx"),
         "sa_job",
         ["scheduled_at"],
         postgresql_where=sa.text("state IN ('scheduled', 'retryable')"),
     )
     op.create_index(
-        "sa_job_running_idx",
+        op.f("sa_job_running_idx"),
         "sa_job",
         ["attempted_at"],
         postgresql_where=sa.text("state IN ('running')"),
     )
     op.create_index(
-        "sa_job_finalized_idx",
+        op.f("sa_job_finalized_idx"),
         "sa_job",
         ["state", "finalized_at"],
         postgresql_where=sa.text("finalized_at IS NOT NULL"),

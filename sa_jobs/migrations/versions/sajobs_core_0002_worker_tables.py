@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
-
 from alembic import op
+from sqlalchemy.dialects import postgresql
 
 revision: str = "sajobs_core_0002"
 down_revision: str | Sequence[str] | None = "sajobs_core_0001"
