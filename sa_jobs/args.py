@@ -21,6 +21,7 @@ import math
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from decimal import Decimal
 from typing import Any, TypeVar, dataclass_transform
 
@@ -115,13 +116,23 @@ class ArgsConverter:
 
 
 def _make_cattrs_converter() -> cattrs.Converter:
-    conv = cattrs.Converter(forbid_extra_keys=False)
+    conv = cattrs.Converter(
+        forbid_extra_keys=False,
+        # Sets become arrays in a canonical order (a set's own order varies by process).
+        unstruct_collection_overrides={AbstractSet: lambda items: sorted(items, key=dumps)},
+    )
 
     def unstructure_datetime(value: dt.datetime) -> str:
-        if value.tzinfo is None or value.utcoffset() is None:
+        offset = value.utcoffset()
+        if offset is None:
             raise InvalidJobArgsError(
                 f"naive datetime {value.isoformat()} in job args; use a time-zone-aware datetime "
                 "such as datetime.now(timezone.utc)"
+            )
+        if offset % dt.timedelta(seconds=1):
+            raise InvalidJobArgsError(
+                f"datetime {value.isoformat()} has a UTC offset with a fraction of a second, "
+                "which does not survive storage; use a whole-second offset"
             )
         return value.isoformat()
 
@@ -180,26 +191,40 @@ def check_json_document(data: Any, owner: str) -> None:
     visit(data)
 
 
-def _check_json_string(value: str, owner: str) -> None:
+def unstorable_text(value: str) -> str | None:
+    """Why PostgreSQL cannot store ``value`` as text or in jsonb, or None if it can."""
     if "\x00" in value:
-        raise InvalidJobArgsError(
-            f"{owner} args hold a string with a NUL character, which PostgreSQL's jsonb cannot "
-            "store; strip it or encode the value (e.g. base64)"
-        )
+        return "a NUL character"
     try:
         value.encode("utf-8")
-    except UnicodeEncodeError as exc:
+    except UnicodeEncodeError:
+        return "a lone surrogate (not valid Unicode)"
+    return None
+
+
+def _check_json_string(value: str, owner: str) -> None:
+    problem = unstorable_text(value)
+    if problem is not None:
         raise InvalidJobArgsError(
-            f"{owner} args hold a string that is not valid Unicode ({exc.reason}); "
-            "decode bytes properly before enqueueing"
-        ) from exc
+            f"{owner} args hold a string with {problem}, which PostgreSQL's jsonb cannot "
+            "store; clean the value or encode it (e.g. base64)"
+        )
 
 
 def _describe_structure_error(exc: Exception) -> str:
     if isinstance(exc, cattrs.BaseValidationError):
-        messages = cattrs.transform_error(exc)
+        messages = cattrs.transform_error(exc, format_exception=_format_leaf_error)
         return "; ".join(messages)
     return str(exc) or type(exc).__name__
+
+
+def _format_leaf_error(exc: BaseException, type_: type | None) -> str:
+    # cattrs' wording ("invalid value for type, expected datetime") plus the hook's reason.
+    from cattrs.v import format_exception
+
+    reason = str(exc)
+    base = format_exception(exc, type_)
+    return f"{base} ({reason})" if reason and reason not in base else base
 
 
 _resolved: set[type] = set()
@@ -371,15 +396,15 @@ def job_args(
         registry: Registry to record the kind in; the default registry if omitted.
         frozen: Make instances immutable (recommended: args are values).
     """
-    from sa_jobs.options import validate_kind_defaults
+    from sa_jobs.options import check_tags, check_timeout, validate_kind_defaults
 
     check_kind_name(kind)
     defaults = KindDefaults(
         queue=queue,
         priority=priority,
         max_attempts=max_attempts,
-        tags=tuple(tags) if tags is not None else None,
-        timeout=timeout,
+        tags=check_tags(tags) if tags is not None else None,
+        timeout=check_timeout(timeout) if timeout is not UNSET else UNSET,
     )
     validate_kind_defaults(defaults)
 
@@ -408,6 +433,9 @@ def check_kind_name(kind: object) -> None:
         raise InvalidJobArgsError(
             f"kind {kind[:40]!r}... is {len(kind)} characters; the limit is {MAX_KIND_LENGTH}"
         )
+    problem = unstorable_text(kind)
+    if problem is not None:
+        raise InvalidJobArgsError(f"kind {kind!r} holds {problem}, which PostgreSQL cannot store")
 
 
 def encode_args(args: object) -> tuple[JobKind, dict[str, Any]]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from sa_jobs.args import UNSET, check_json_document
+from sa_jobs.args import UNSET, check_json_document, unstorable_text
 from sa_jobs.errors import InvalidJobArgsError, InvalidOptionsError
 
 if TYPE_CHECKING:
@@ -41,7 +41,14 @@ def check_queue(queue: object) -> str:
             "queue",
             f"{queue[:40]!r}... is {len(queue)} characters; the limit is {MAX_QUEUE_LENGTH}",
         )
+    _check_storable_text("queue", queue)
     return queue
+
+
+def _check_storable_text(option: str, value: str) -> None:
+    problem = unstorable_text(value)
+    if problem is not None:
+        raise InvalidOptionsError(option, f"{value!r} holds {problem}")
 
 
 def check_priority(priority: object) -> int:
@@ -79,8 +86,7 @@ def check_tags(tags: object) -> tuple[str, ...]:
                 "tags",
                 f"tag {tag[:40]!r}... is {len(tag)} characters; the limit is {MAX_TAG_LENGTH}",
             )
-        if "\x00" in tag:
-            raise InvalidOptionsError("tags", f"tag {tag!r} holds a NUL character")
+        _check_storable_text("tags", tag)
     return result
 
 
@@ -89,7 +95,12 @@ def check_timeout(timeout: object) -> dt.timedelta | None:
     if timeout is None:
         return None
     if isinstance(timeout, int | float) and not isinstance(timeout, bool):
-        timeout = dt.timedelta(seconds=timeout)
+        try:
+            timeout = dt.timedelta(seconds=timeout)
+        except (ValueError, OverflowError):
+            raise InvalidOptionsError(
+                "timeout", f"{timeout!r} seconds is not a duration; use None for no limit"
+            ) from None
     if not isinstance(timeout, dt.timedelta):
         raise InvalidOptionsError(
             "timeout", f"must be a timedelta, a number of seconds or None, got {timeout!r}"
