@@ -265,6 +265,7 @@ class KindDefaults:
     max_attempts: int | None = None
     tags: tuple[str, ...] | None = None
     timeout: dt.timedelta | object | None = UNSET
+    unique: Any = None
 
 
 @attrs.frozen
@@ -376,6 +377,7 @@ def job_args(
     max_attempts: int | None = None,
     tags: Iterable[str] | None = None,
     timeout: dt.timedelta | object | None = UNSET,
+    unique: Any = None,
     converter: ArgsConverter | None = None,
     registry: KindRegistry | None = None,
     frozen: bool = True,
@@ -392,6 +394,7 @@ def job_args(
         max_attempts: Default number of attempts before the job is discarded.
         tags: Default tags.
         timeout: Default run time limit for the worker; ``None`` for no limit.
+        unique: Default :class:`sa_jobs.UniqueOpts` for jobs of this kind.
         converter: Converter for this kind's args; the shared default if omitted.
         registry: Registry to record the kind in; the default registry if omitted.
         frozen: Make instances immutable (recommended: args are values).
@@ -405,6 +408,7 @@ def job_args(
         max_attempts=max_attempts,
         tags=check_tags(tags) if tags is not None else None,
         timeout=check_timeout(timeout) if timeout is not UNSET else UNSET,
+        unique=unique,
     )
     validate_kind_defaults(defaults)
 

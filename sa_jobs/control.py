@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 
 from sqlalchemy import case, func, literal, null, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from sa_jobs.complete import CANCEL_ATTEMPTED_KEY
-from sa_jobs.errors import JobNotFoundError, JobStateError
-from sa_jobs.models import FINAL_STATES, Job, JobState
+from sa_jobs.errors import JobNotFoundError, JobStateError, UniqueConflictError
+from sa_jobs.models import FINAL_STATES, Job, JobState, holds_unique_key, job_table, unique_index
 from sa_jobs.worker.notifier import CONTROL_CHANNEL
 
 __all__ = ["cancel_job", "retry_job"]
@@ -62,6 +63,7 @@ def retry_job(session: Session, job_id: int) -> Job:
 
     Raises:
         JobStateError: the job is running (cancel it first).
+        UniqueConflictError: the job is unique and another job now holds its key.
         JobNotFoundError: no such job.
     """
     statement = (
@@ -78,10 +80,26 @@ def retry_job(session: Session, job_id: int) -> Job:
         )
         .returning(Job.id)
     )
-    if session.execute(statement).one_or_none() is None:
+    try:
+        # A savepoint, so a unique conflict leaves the caller's transaction usable.
+        with session.begin_nested():
+            retried = session.execute(statement).one_or_none()
+    except IntegrityError as exc:
+        if str(unique_index.name) not in str(exc.orig):
+            raise
+        raise UniqueConflictError(job_id, _unique_key_holder(session, job_id)) from None
+    if retried is None:
         job = _reload(session, job_id)
         raise JobStateError(job_id, job.state.value, "retry", ["any state but running"])
     return _reload(session, job_id)
+
+
+def _unique_key_holder(session: Session, job_id: int) -> int | None:
+    other = job_table.alias("other")
+    key = select(Job.unique_key).where(Job.id == job_id).scalar_subquery()
+    return session.scalar(
+        select(other.c.id).where(other.c.unique_key == key, holds_unique_key(other)).limit(1)
+    )
 
 
 def _reload(session: Session, job_id: int) -> Job:

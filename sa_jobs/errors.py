@@ -147,3 +147,16 @@ class NoHandlerError(SaJobsError, LookupError):
             f"this worker has no handler for kind {kind!r}; register one with "
             f"@worker.handler(<args class of {kind!r}>) or route the kind to another queue"
         )
+
+
+class UniqueConflictError(SaJobsError):
+    """Making the job runnable again would duplicate a unique job that is still active."""
+
+    def __init__(self, job_id: int, holder_id: int | None) -> None:
+        self.job_id = job_id
+        self.holder_id = holder_id
+        holder = f"job {holder_id}" if holder_id is not None else "another job"
+        super().__init__(
+            f"cannot retry job {job_id}: its unique key is held by {holder}; wait for that "
+            "job to finish (or cancel it), then retry"
+        )

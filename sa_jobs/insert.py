@@ -26,7 +26,9 @@ from typing import Any
 import attrs
 from sqlalchemy import (
     Boolean,
+    Float,
     Integer,
+    LargeBinary,
     SmallInteger,
     Text,
     bindparam,
@@ -35,12 +37,14 @@ from sqlalchemy import (
     event,
     func,
     inspect,
+    literal_column,
+    null,
     select,
 )
 from sqlalchemy import DateTime as SADateTime
 from sqlalchemy import cast as sql_cast
 from sqlalchemy import false as sql_false
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, BIT, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session, UOWTransaction
 from sqlalchemy.sql.dml import Insert
@@ -53,9 +57,10 @@ from sa_jobs.args import (
     default_registry,
     encode_args,
 )
-from sa_jobs.models import Job, JobState, job_state_type, job_table
+from sa_jobs.models import CORE_COLUMNS, Job, JobState, job_state_type, unique_index
 from sa_jobs.options import InsertOpts, ResolvedInsert
 from sa_jobs.schema import translate_missing_schema
+from sa_jobs.unique import after_release, fold_duplicates, release_expired_locks, unique_values
 
 __all__ = [
     "InsertManyParams",
@@ -96,11 +101,13 @@ class InsertManyParams:
 
 
 def _job_row(kind: JobKind, args_json: Any, opts: InsertOpts) -> dict[str, Any]:
-    return _row_from(kind.name, args_json, opts.resolve(kind.defaults))
+    return _row_from(kind, kind.name, args_json, opts.resolve(kind.defaults))
 
 
-def _row_from(kind_name: str, args_json: Any, resolved: ResolvedInsert) -> dict[str, Any]:
-    return {
+def _row_from(
+    kind: JobKind | None, kind_name: str, args_json: Any, resolved: ResolvedInsert
+) -> dict[str, Any]:
+    row = {
         "kind": kind_name,
         "args": args_json,
         "queue": resolved.queue,
@@ -110,6 +117,9 @@ def _row_from(kind_name: str, args_json: Any, resolved: ResolvedInsert) -> dict[
         "metadata": resolved.metadata,
         "scheduled_at": _iso(resolved.scheduled_at),
     }
+    if kind is not None:
+        row.update(unique_values(kind, args_json, resolved, dt.datetime.now(dt.UTC)))
+    return row
 
 
 def _iso(value: dt.datetime | None) -> str | None:
@@ -138,6 +148,10 @@ _ROW_COLUMNS = (
     column("tags", ARRAY(Text)),
     column("metadata", JSONB),
     column("scheduled_at", SADateTime(timezone=True)),
+    column("unique_key", LargeBinary),
+    column("unique_states", BIT(8)),
+    column("unique_ttl", Float),
+    column("unique_until_start", Boolean),
 )
 
 _INSERTED_COLUMNS = (
@@ -156,8 +170,13 @@ _INSERTED_COLUMNS = (
 def jobs_insert(rows: Sequence[dict[str, Any]]) -> Insert:
     """The one statement that inserts jobs: any number of rows, one bound parameter.
 
-    ``rows`` come from :func:`build_rows`. The statement returns every job column plus
-    ``unique_skipped_as_duplicate``, in the order of ``rows``.
+    ``rows`` come from :func:`build_rows`; rows sharing a unique key must have been
+    folded (:func:`~sa_jobs.unique.fold_duplicates`). The statement returns the core job
+    columns plus ``unique_skipped_as_duplicate``, one row per input row, in order: a
+    unique row that met an existing job returns that job.
+
+    Without unique rows the statement touches only core columns, so it works on a
+    database that has only the core branch.
     """
     numbered = [{"ord": index, **row} for index, row in enumerate(rows)]
     source = (
@@ -167,7 +186,7 @@ def jobs_insert(rows: Sequence[dict[str, Any]]) -> Insert:
     )
     due_at = func.coalesce(source.c.scheduled_at, func.now())
     state = case((due_at > func.now(), JobState.SCHEDULED.value), else_=JobState.AVAILABLE.value)
-    rows_select = select(
+    values = [
         source.c.kind,
         source.c.args,
         sql_cast(state, job_state_type),
@@ -177,12 +196,32 @@ def jobs_insert(rows: Sequence[dict[str, Any]]) -> Insert:
         source.c.tags,
         source.c.metadata,
         due_at,
-    ).order_by(source.c.ord)
-    return (
-        pg_insert(Job)
-        .from_select(list(_INSERTED_COLUMNS), rows_select)
-        .returning(*job_table.c, sql_false().label(SKIPPED_COLUMN))
+    ]
+    columns = list(_INSERTED_COLUMNS)
+    if not any(row.get("unique_key") for row in rows):
+        return (
+            pg_insert(Job)
+            .from_select(columns, select(*values).order_by(source.c.ord))
+            .returning(*CORE_COLUMNS, sql_false().label(SKIPPED_COLUMN))
+        )
+    ttl = func.make_interval(0, 0, 0, 0, 0, 0, source.c.unique_ttl)
+    values += [
+        source.c.unique_key,
+        source.c.unique_states,
+        case((source.c.unique_ttl.is_not(None), due_at + ttl), else_=null()),
+        func.coalesce(source.c.unique_until_start, False),
+    ]
+    columns += ["unique_key", "unique_states", "unique_expires_at", "unique_until_start"]
+    release = release_expired_locks(source)
+    rows_select = (
+        select(*values).where(after_release(release).scalar_subquery() >= 0).order_by(source.c.ord)
     )
+    statement = pg_insert(Job).from_select(columns, rows_select).add_cte(release)
+    # River's trick: a no-op update makes the existing row come back from RETURNING,
+    # and xmax tells the two cases apart. Nothing of the existing row changes.
+    return statement.on_conflict_do_update(
+        constraint=unique_index, set_={"kind": statement.excluded.kind}
+    ).returning(*CORE_COLUMNS, literal_column("xmax <> 0", Boolean).label(SKIPPED_COLUMN))
 
 
 # --------------------------------------------------------------------------- public paths
@@ -230,15 +269,19 @@ def insert_many(
     rows = build_rows(pairs)
     results: list[InsertResult] = []
     for start in range(0, len(rows), batch_size):
-        batch = rows[start : start + batch_size]
+        sent, answers = fold_duplicates(rows[start : start + batch_size])
         statement = (
             select(Job, column(SKIPPED_COLUMN, Boolean))
-            .from_statement(jobs_insert(batch))
+            .from_statement(jobs_insert(sent))
             .execution_options(populate_existing=True)
         )
         with translate_missing_schema():
             returned = session.execute(statement).all()
-        results.extend(InsertResult(job, skipped) for job, skipped in returned)
+        for position, answer in enumerate(answers):
+            job, skipped = returned[answer]
+            # A row folded into an earlier one of the same batch is that one's duplicate.
+            folded = answers.index(answer) != position
+            results.append(InsertResult(job, bool(skipped) or folded))
     _attach_args(results, pairs)
     return results
 
@@ -305,12 +348,12 @@ def _pending_row(job: Job) -> dict[str, Any]:
         metadata=job.metadata_,
         scheduled_at=job.scheduled_at,
     )
-    registered = job.kind in default_registry and default_registry.get(job.kind)
-    defaults = registered.defaults if registered else KindDefaults()
+    registered = default_registry.get(job.kind) if job.kind in default_registry else None
+    defaults = registered.defaults if registered is not None else KindDefaults()
     check_kind_name(job.kind)
     args_json = job.args_json if job.args_json is not None else {}
     check_json_document(args_json, f"job of kind {job.kind!r}")
-    return _row_from(job.kind, args_json, opts.resolve(defaults))
+    return _row_from(registered, job.kind, args_json, opts.resolve(defaults))
 
 
 @event.listens_for(Session, "before_flush")
@@ -320,17 +363,19 @@ def _insert_pending_jobs(session: Session, _flush: UOWTransaction, _objects: Any
     if not pending:
         return
     pending.sort(key=lambda job: job.__dict__.get("_sa_jobs_order", -1))
-    rows = [_pending_row(job) for job in pending]
+    sent, answers = fold_duplicates([_pending_row(job) for job in pending])
     with translate_missing_schema():
-        returned = session.connection().execute(jobs_insert(rows)).mappings().all()
-    for job, row in zip(pending, returned, strict=True):
-        _become_row(session, job, row)
+        returned = session.connection().execute(jobs_insert(sent)).mappings().all()
+    for position, (job, answer) in enumerate(zip(pending, answers, strict=True)):
+        _become_row(session, job, returned[answer], folded=answers.index(answer) != position)
 
 
-def _become_row(session: Session, job: Job, row: Any) -> None:
+def _become_row(session: Session, job: Job, row: Any, *, folded: bool) -> None:
     for attribute in Job.__mapper__.column_attrs:
-        setattr(job, attribute.key, row[attribute.columns[0].name])
-    job.unique_skipped_as_duplicate = bool(row[SKIPPED_COLUMN])
+        name = attribute.columns[0].name
+        if name in row:
+            setattr(job, attribute.key, row[name])
+    job.unique_skipped_as_duplicate = bool(row[SKIPPED_COLUMN]) or folded
     job.__dict__.pop("_sa_jobs_row", None)
     state = inspect(job)
     key = Job.__mapper__.identity_key_from_primary_key((job.id,))

@@ -12,20 +12,27 @@ import enum
 from typing import Any
 
 from sqlalchemy import (
+    DDL,
     BigInteger,
+    Boolean,
     CheckConstraint,
     DateTime,
     Enum,
     Identity,
     Index,
+    LargeBinary,
     MetaData,
     SmallInteger,
+    Table,
     Text,
+    and_,
+    event,
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, BIT, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.sql.expression import ColumnElement, FromClause
 
 from sa_jobs.args import JobKind, default_registry
 
@@ -116,6 +123,21 @@ class Job(Base):
     )
     finalized_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
 
+    # -- unique jobs (the sa_jobs_unique branch). Deferred: a database without that branch
+    # never has these columns selected, so the core works there unchanged.
+    unique_key: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
+    #: One bit per JobState, in declaration order: the states in which this job blocks
+    #: duplicates.
+    unique_states: Mapped[str | None] = mapped_column(BIT(8), deferred=True)
+    #: Faktory's TTL: from this time on the job no longer blocks duplicates.
+    unique_expires_at: Mapped[dt.datetime | None] = mapped_column(
+        DateTime(timezone=True), deferred=True
+    )
+    #: Release the key when the job starts (Faktory's ``unique_until: start``).
+    unique_until_start: Mapped[bool] = mapped_column(
+        Boolean, server_default=text("false"), deferred=True
+    )
+
     __table_args__ = (
         CheckConstraint("priority BETWEEN 1 AND 4", name="priority"),
         CheckConstraint("max_attempts > 0", name="max_attempts"),
@@ -203,7 +225,48 @@ class Job(Base):
         return f"<Job id={self.id} kind={self.kind!r} state={state} queue={self.queue!r}>"
 
 
-job_table = Job.__table__
+job_table: Table = Job.__table__  # type: ignore[assignment]
+
+
+def holds_unique_key(jobs: FromClause) -> ColumnElement[bool]:
+    """True for rows of ``jobs`` (the table or an alias) that block their key's duplicates."""
+    return and_(
+        jobs.c.unique_key.is_not(None),
+        jobs.c.unique_states.is_not(None),
+        func.sa_job_state_in_bitmask(jobs.c.unique_states, jobs.c.state),
+    )
+
+
+#: At most one job per unique key among jobs in their own unique states. The insert paths
+#: pass this Index to ON CONFLICT, and every other query that needs the predicate builds
+#: it with holds_unique_key(), so it is written once.
+unique_index = Index(
+    "sa_job_unique_idx",
+    job_table.c.unique_key,
+    unique=True,
+    postgresql_where=holds_unique_key(job_table),
+)
+
+#: The columns every installation has; the insert and fetch paths return only these.
+CORE_COLUMNS = tuple(c for c in job_table.c if not c.name.startswith("unique_"))
+
+# The unique index's predicate calls this function, so metadata.create_all() (tests,
+# autogenerate comparisons) must create it first. The Alembic script has its own copy.
+STATE_IN_BITMASK_FUNCTION = """
+CREATE OR REPLACE FUNCTION sa_job_state_in_bitmask(bitmask bit(8), state sa_job_state)
+RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT get_bit(bitmask, CASE state
+        WHEN 'available' THEN 0 WHEN 'scheduled' THEN 1 WHEN 'pending' THEN 2
+        WHEN 'running' THEN 3 WHEN 'retryable' THEN 4 WHEN 'completed' THEN 5
+        WHEN 'cancelled' THEN 6 WHEN 'discarded' THEN 7 END) = 1
+$$
+"""
+event.listen(job_table, "before_create", DDL(STATE_IN_BITMASK_FUNCTION))  # type: ignore[no-untyped-call]
+
+
+def states_bitmask(states: frozenset[JobState]) -> str:
+    """The ``unique_states`` bit string for ``states`` (bit i is the i-th JobState)."""
+    return "".join("1" if state in states else "0" for state in JobState)
 
 
 class WorkerProcess(Base):

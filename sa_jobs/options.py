@@ -15,11 +15,20 @@ import attrs
 
 from sa_jobs.args import UNSET, check_json_document, unstorable_text
 from sa_jobs.errors import InvalidJobArgsError, InvalidOptionsError
+from sa_jobs.models import JobState
 
 if TYPE_CHECKING:
     from sa_jobs.args import KindDefaults
 
-__all__ = ["DEFAULT_MAX_ATTEMPTS", "DEFAULT_QUEUE", "InsertOpts", "ResolvedInsert"]
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "DEFAULT_QUEUE",
+    "DEFAULT_UNIQUE_STATES",
+    "REQUIRED_UNIQUE_STATES",
+    "InsertOpts",
+    "ResolvedInsert",
+    "UniqueOpts",
+]
 
 DEFAULT_QUEUE = "default"
 DEFAULT_PRIORITY = 1
@@ -149,6 +158,16 @@ def validate_kind_defaults(defaults: KindDefaults) -> None:
         check_tags(defaults.tags)
     if defaults.timeout is not UNSET:
         check_timeout(defaults.timeout)
+    if defaults.unique is not None:
+        check_unique(defaults.unique)
+
+
+def check_unique(unique: object) -> UniqueOpts:
+    if not isinstance(unique, UniqueOpts):
+        raise InvalidOptionsError(
+            "unique", f"must be a sa_jobs.UniqueOpts, got {type(unique).__name__}"
+        )
+    return unique
 
 
 def _optional(check: Any) -> Any:
@@ -175,6 +194,8 @@ class InsertOpts:
         metadata: A JSON object stored with the job, for your own bookkeeping.
         scheduled_at: When the job becomes due (time-zone aware). A future time makes the
             job ``scheduled``; omitted or past means ``available`` now (database clock).
+        unique: Uniqueness for this job, overriding the kind's; ``UniqueOpts()`` turns the
+            kind's uniqueness off for this call.
     """
 
     queue: str | None = attrs.field(default=None, validator=_optional(check_queue))
@@ -187,6 +208,7 @@ class InsertOpts:
     scheduled_at: dt.datetime | None = attrs.field(
         default=None, validator=_optional(check_scheduled_at)
     )
+    unique: UniqueOpts | None = attrs.field(default=None, validator=_optional(check_unique))
 
     def resolve(self, declared: KindDefaults) -> ResolvedInsert:
         """Combine with a kind's declared defaults and the library defaults."""
@@ -197,6 +219,7 @@ class InsertOpts:
             tags=_first(self.tags, declared.tags, ()),
             metadata=dict(self.metadata) if self.metadata is not None else {},
             scheduled_at=self.scheduled_at,
+            unique=self.unique if self.unique is not None else declared.unique,
         )
 
 
@@ -214,3 +237,98 @@ class ResolvedInsert:
     tags: tuple[str, ...]
     metadata: dict[str, Any]
     scheduled_at: dt.datetime | None
+    unique: UniqueOpts | None = None
+
+
+# --------------------------------------------------------------------------- unique jobs
+
+#: The states in which a unique job blocks duplicates unless ``by_state`` says otherwise:
+#: every state but cancelled and discarded (River's default).
+DEFAULT_UNIQUE_STATES: frozenset[JobState] = frozenset(JobState) - {
+    JobState.CANCELLED,
+    JobState.DISCARDED,
+}
+#: States every custom ``by_state`` must keep: the transitions between them (insert,
+#: schedule, fetch) have no way to resolve a conflict.
+REQUIRED_UNIQUE_STATES: frozenset[JobState] = frozenset(
+    {JobState.AVAILABLE, JobState.PENDING, JobState.RUNNING, JobState.SCHEDULED}
+)
+
+
+def _unique_states(value: Iterable[JobState | str] | None) -> frozenset[JobState] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        raise InvalidOptionsError("by_state", "must be a list of states, not a string")
+    try:
+        states = frozenset(JobState(state) for state in value)
+    except ValueError as exc:
+        raise InvalidOptionsError("by_state", str(exc)) from None
+    missing = REQUIRED_UNIQUE_STATES - states
+    if missing:
+        names = ", ".join(sorted(state.value for state in missing))
+        raise InvalidOptionsError(
+            "by_state",
+            f"must include {names}: sa_jobs cannot resolve a uniqueness conflict on the "
+            "transitions between available, pending, running and scheduled",
+        )
+    return states
+
+
+def _positive_duration(option: str) -> Any:
+    def validator(_instance: Any, _attribute: Any, value: Any) -> None:
+        if value is None:
+            return
+        if not isinstance(value, dt.timedelta):
+            raise InvalidOptionsError(option, f"must be a timedelta, got {value!r}")
+        if value <= dt.timedelta(0):
+            raise InvalidOptionsError(option, f"must be positive, got {value}")
+
+    return validator
+
+
+def _until(_instance: Any, _attribute: Any, value: Any) -> None:
+    if value not in ("success", "start"):
+        raise InvalidOptionsError("until", f"must be 'success' or 'start', got {value!r}")
+
+
+@attrs.frozen
+class UniqueOpts:
+    """Which jobs count as duplicates of each other (River's UniqueOpts, Faktory's lock).
+
+    The kind is always part of the key (unless ``exclude_kind``); each option set adds a
+    dimension and so *relaxes* uniqueness. ``UniqueOpts()`` with nothing set means no
+    uniqueness at all.
+
+    Attributes:
+        by_args: Include the encoded args — all of them, or only the fields marked
+            ``sa_jobs.field(unique=True)`` (nested attrs classes included) if any are.
+        by_period: Include the insert time (or ``scheduled_at``) floored to a multiple of
+            this period, counted from the Unix epoch in UTC.
+        by_queue: Include the queue.
+        by_state: States in which a job blocks duplicates. Default: all but cancelled
+            and discarded. Must include available, pending, running and scheduled.
+        exclude_kind: Leave the kind out, so different kinds share keys.
+        ttl: Faktory's ``unique_for``: the job stops blocking duplicates at
+            ``scheduled_at + ttl`` even if it has not finished.
+        until: ``"success"`` (default): the lock follows ``by_state``; ``"start"``: the
+            lock is released when the job starts, and a retry never retakes it.
+    """
+
+    by_args: bool = False
+    by_period: dt.timedelta | None = attrs.field(
+        default=None, validator=_positive_duration("by_period")
+    )
+    by_queue: bool = False
+    by_state: frozenset[JobState] | None = attrs.field(default=None, converter=_unique_states)
+    exclude_kind: bool = False
+    ttl: dt.timedelta | None = attrs.field(default=None, validator=_positive_duration("ttl"))
+    until: str = attrs.field(default="success", validator=_until)
+
+    @property
+    def is_empty(self) -> bool:
+        return self == UniqueOpts()
+
+    @property
+    def states(self) -> frozenset[JobState]:
+        return self.by_state if self.by_state is not None else DEFAULT_UNIQUE_STATES

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy import Connection, Engine, func, select, text
 from sqlalchemy.exc import ProgrammingError
 
 from sa_jobs.errors import SchemaMissingError
@@ -23,8 +23,12 @@ from sa_jobs.errors import SchemaMissingError
 __all__ = ["BRANCHES", "CORE_BRANCH", "VERSION_TABLE", "downgrade", "migrate"]
 
 CORE_BRANCH = "sa_jobs_core"
+UNIQUE_BRANCH = "sa_jobs_unique"
 #: Every branch label, in the order ``sa-jobs migrate`` lists them.
-BRANCHES = (CORE_BRANCH,)
+BRANCHES = (CORE_BRANCH, UNIQUE_BRANCH)
+
+#: A column each feature branch adds to ``sa_job``, to tell whether it is installed.
+_BRANCH_MARKER_COLUMNS = {UNIQUE_BRANCH: "unique_key"}
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 #: The version table ``migrate()`` uses, apart from an application's ``alembic_version``.
@@ -72,13 +76,37 @@ def _locked_connection(bind: Engine | Connection) -> Iterator[Connection]:
         yield connection
 
 
+def installed_branches(connection: Connection) -> frozenset[str]:
+    """Which of sa_jobs' branches the database has (read from the table's columns)."""
+    columns = set(
+        connection.scalars(
+            select(text("column_name"))
+            .select_from(text("information_schema.columns"))
+            .where(text("table_schema = current_schema() AND table_name = 'sa_job'"))
+        )
+    )
+    if not columns:
+        return frozenset()
+    return frozenset(
+        {CORE_BRANCH}
+        | {branch for branch, marker in _BRANCH_MARKER_COLUMNS.items() if marker in columns}
+    )
+
+
 @contextlib.contextmanager
 def translate_missing_schema() -> Iterator[None]:
-    """Turn "relation sa_job does not exist" into an error that says what to run."""
+    """Turn "relation sa_job does not exist" (or a feature's missing column) into an error
+    that names the branch to install and the command that installs it."""
     try:
         yield
     except ProgrammingError as exc:
         sqlstate = getattr(exc.orig, "sqlstate", None)
-        if sqlstate in ("42P01", "42704") and "sa_job" in str(exc.orig):
-            raise SchemaMissingError(CORE_BRANCH, str(exc.orig).splitlines()[0]) from exc
+        message = str(exc.orig)
+        detail = message.splitlines()[0]
+        if sqlstate in ("42P01", "42704") and "sa_job" in message:
+            raise SchemaMissingError(CORE_BRANCH, detail) from exc
+        if sqlstate == "42703":  # undefined column: a feature branch is missing
+            for branch, marker in _BRANCH_MARKER_COLUMNS.items():
+                if f'"{marker}"' in message:
+                    raise SchemaMissingError(branch, detail) from exc
         raise

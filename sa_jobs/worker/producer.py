@@ -13,11 +13,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Engine, func, select, text, update
+from sqlalchemy import Engine, case, func, null, select, text, update
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import ReturningUpdate
 
-from sa_jobs.models import Job, JobState
+from sa_jobs.models import CORE_COLUMNS, Job, JobState
 from sa_jobs.worker.backoff import is_transient
 
 __all__ = ["Producer", "fetch_jobs", "jobs_fetch_available"]
@@ -25,8 +25,14 @@ __all__ = ["Producer", "fetch_jobs", "jobs_fetch_available"]
 log = logging.getLogger("sa_jobs.worker")
 
 
-def jobs_fetch_available(queue: str, limit: int, worker_id: str) -> ReturningUpdate[Any]:
-    """Lock up to ``limit`` due jobs of ``queue`` and mark them running for ``worker_id``."""
+def jobs_fetch_available(
+    queue: str, limit: int, worker_id: str, *, unique: bool = False
+) -> ReturningUpdate[Any]:
+    """Lock up to ``limit`` due jobs of ``queue`` and mark them running for ``worker_id``.
+
+    With ``unique`` (the unique branch is installed), jobs whose lock lasts only until
+    they start (Faktory's ``unique_until: start``) give up their key here, for good.
+    """
     locked = (
         select(Job.id)
         .where(
@@ -39,25 +45,26 @@ def jobs_fetch_available(queue: str, limit: int, worker_id: str) -> ReturningUpd
         .with_for_update(skip_locked=True)
         .cte("locked")
     )
-    return (
-        update(Job)
-        .where(Job.id == locked.c.id)
-        .values(
-            state=JobState.RUNNING,
-            attempt=Job.attempt + 1,
-            attempted_at=func.now(),
-            attempted_by=func.array_append(
-                func.coalesce(Job.attempted_by, text("'{}'::text[]")), worker_id
-            ),
-        )
-        .returning(Job)
-    )
+    values: dict[str, Any] = {
+        "state": JobState.RUNNING,
+        "attempt": Job.attempt + 1,
+        "attempted_at": func.now(),
+        "attempted_by": func.array_append(
+            func.coalesce(Job.attempted_by, text("'{}'::text[]")), worker_id
+        ),
+    }
+    if unique:
+        values["unique_key"] = case((Job.unique_until_start, null()), else_=Job.unique_key)
+    return update(Job).where(Job.id == locked.c.id).values(values).returning(*CORE_COLUMNS)
 
 
-def fetch_jobs(engine: Engine, queue: str, limit: int, worker_id: str) -> list[Job]:
+def fetch_jobs(
+    engine: Engine, queue: str, limit: int, worker_id: str, *, unique: bool = False
+) -> list[Job]:
     """Fetch and detach jobs, in the order they should start."""
     with Session(engine, expire_on_commit=False) as session, session.begin():
-        statement = select(Job).from_statement(jobs_fetch_available(queue, limit, worker_id))
+        fetch = jobs_fetch_available(queue, limit, worker_id, unique=unique)
+        statement = select(Job).from_statement(fetch)
         jobs = list(session.scalars(statement))
     jobs.sort(key=lambda job: (job.priority, job.scheduled_at, job.id))
     return jobs

@@ -19,9 +19,10 @@ from sqlalchemy import Engine, exists, func, or_, select
 
 from sa_jobs.args import UNSET
 from sa_jobs.complete import Outcome
-from sa_jobs.errors import InvalidOptionsError
+from sa_jobs.errors import InvalidOptionsError, SchemaMissingError
 from sa_jobs.models import Job, JobState
 from sa_jobs.options import check_queue
+from sa_jobs.schema import CORE_BRANCH, UNIQUE_BRANCH, installed_branches
 from sa_jobs.worker.aio import EventLoopThread
 from sa_jobs.worker.completer import BatchCompleter, Completer, InlineCompleter
 from sa_jobs.worker.execution import Execution, Interrupt, run_async, run_sync
@@ -124,6 +125,11 @@ class Worker:
         if self._started:
             raise InvalidOptionsError("worker", "a Worker can be started once")
         self._started = True
+        with self.engine.connect() as connection:
+            self.branches = installed_branches(connection)
+        if CORE_BRANCH not in self.branches:
+            raise SchemaMissingError(CORE_BRANCH, "the worker found no sa_job table")
+        unique = UNIQUE_BRANCH in self.branches
         handlers = self.handlers.all()
         total = sum(self.queues.values())
         self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -140,7 +146,7 @@ class Worker:
             queue: Producer(
                 queue,
                 concurrency,
-                fetch=lambda q, limit: fetch_jobs(self.engine, q, limit, self.id),
+                fetch=lambda q, limit: fetch_jobs(self.engine, q, limit, self.id, unique=unique),
                 dispatch=self._dispatch,
                 poll_interval=self.poll_interval,
                 stopping=self._stopping_fetch,
@@ -153,6 +159,7 @@ class Worker:
             Presence(self.id, list(self.queues), self._running_ids, self.cancel_running),
             LeaderElection(self.id, self.maintenance_config.leader_ttl),
             self._closing,
+            unique=unique,
         )
         self._notifier = Notifier(
             self.engine,

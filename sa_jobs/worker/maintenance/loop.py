@@ -84,12 +84,14 @@ class MaintenanceLoop:
         presence: Presence,
         election: LeaderElection,
         closing: threading.Event,
+        *,
+        unique: bool = False,
     ) -> None:
         self._engine = engine
         self.config = config
         self.presence = presence
         self.election = election
-        self.scheduler = Scheduler()
+        self.scheduler = Scheduler(unique=unique)
         self.rescuer = Rescuer(config.rescue_after)
         self.cleaner = Cleaner(config.retention)
         self._closing = closing

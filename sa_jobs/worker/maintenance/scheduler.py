@@ -1,16 +1,29 @@
-"""Making due jobs available: ``scheduled`` and ``retryable`` jobs whose time has come."""
+"""Making due jobs available: ``scheduled`` and ``retryable`` jobs whose time has come.
+
+With unique jobs, promotion is where a key can be taken twice: a job left the unique
+index when it became ``retryable`` (``by_state`` without retryable), a duplicate took
+its key, and now it wants to be ``available`` again. River's answer, and ours: such a
+job is discarded, and its metadata says which job holds the key. Of several due jobs
+sharing a free key, the oldest is promoted and the others discarded.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, func, literal, select, update
+from typing import Any
 
-from sa_jobs.models import Job, JobState
+from sqlalchemy import Connection, Select, case, func, literal, null, select, update
+from sqlalchemy import cast as sql_cast
+
+from sa_jobs.models import Job, JobState, holds_unique_key, job_state_type, job_table
 from sa_jobs.worker.notifier import INSERT_CHANNEL
 
-__all__ = ["Scheduler", "jobs_schedule_due"]
+__all__ = ["UNIQUE_CONFLICT_KEY", "Scheduler", "jobs_schedule_due"]
+
+#: Set in the metadata of a job discarded because its unique key was taken meanwhile.
+UNIQUE_CONFLICT_KEY = "unique_key_conflict"
 
 
-def jobs_schedule_due(limit: int):  # type: ignore[no-untyped-def]
+def jobs_schedule_due(limit: int, *, unique: bool = False) -> Select[Any]:
     """Promote up to ``limit`` due jobs and notify their queues, in one statement.
 
     Returns ``(queue, count)`` per queue that received jobs.
@@ -26,25 +39,90 @@ def jobs_schedule_due(limit: int):  # type: ignore[no-untyped-def]
         .with_for_update(skip_locked=True)
         .cte("due")
     )
+    values: dict[str, Any] = {"state": JobState.AVAILABLE}
+    target = due
+    if unique:
+        taken_by = _key_taken_by(due).cte("taken")
+        target = taken_by
+        conflict = taken_by.c.taken_by.is_not(None)
+        values = {
+            "state": sql_cast(
+                case((conflict, JobState.DISCARDED.value), else_=JobState.AVAILABLE.value),
+                job_state_type,
+            ),
+            "finalized_at": case((conflict, func.now()), else_=null()),
+            "metadata_": case(
+                (
+                    conflict,
+                    Job.metadata_.op("||")(
+                        func.jsonb_build_object(
+                            UNIQUE_CONFLICT_KEY,
+                            func.jsonb_build_object(
+                                "discarded_at", func.now(), "key_held_by_job", taken_by.c.taken_by
+                            ),
+                        )
+                    ),
+                ),
+                else_=Job.metadata_,
+            ),
+        }
     promoted = (
         update(Job)
-        .where(Job.id == due.c.id)
-        .values(state=JobState.AVAILABLE)
-        .returning(Job.queue)
+        .where(Job.id == target.c.id)
+        .values(values)
+        .returning(Job.queue, Job.state)
         .cte("promoted")
     )
-    return select(
-        promoted.c.queue,
-        func.count(),
-        func.pg_notify(literal(INSERT_CHANNEL), promoted.c.queue),
-    ).group_by(promoted.c.queue)
+    return (
+        select(
+            promoted.c.queue,
+            func.count(),
+            func.pg_notify(literal(INSERT_CHANNEL), promoted.c.queue),
+        )
+        .where(promoted.c.state == JobState.AVAILABLE)
+        .group_by(promoted.c.queue)
+    )
+
+
+def _key_taken_by(due: Any) -> Select[Any]:
+    """For each due job: the id of a job that already holds its unique key, if any."""
+    mine = job_table.alias("mine")
+    ranked = (
+        select(
+            mine.c.id,
+            mine.c.unique_key,
+            func.first_value(mine.c.id)
+            .over(partition_by=mine.c.unique_key, order_by=mine.c.id)
+            .label("first_id"),
+        )
+        .where(mine.c.id == due.c.id)
+        .subquery("ranked")
+    )
+    other = job_table.alias("other")
+    holder = (
+        select(other.c.id)
+        .where(
+            other.c.unique_key == ranked.c.unique_key,
+            other.c.id != ranked.c.id,
+            holds_unique_key(other),
+        )
+        .limit(1)
+        .scalar_subquery()
+    )
+    taken_by = case(
+        (ranked.c.unique_key.is_(None), null()),
+        (ranked.c.first_id != ranked.c.id, ranked.c.first_id),
+        else_=holder,
+    )
+    return select(ranked.c.id, taken_by.label("taken_by"))
 
 
 class Scheduler:
-    def __init__(self, limit: int = 10_000) -> None:
+    def __init__(self, limit: int = 10_000, *, unique: bool = False) -> None:
         self.limit = limit
+        self.unique = unique
 
     def run_once(self, connection: Connection) -> int:
         """Returns the number of jobs made available."""
-        rows = connection.execute(jobs_schedule_due(self.limit)).all()
+        rows = connection.execute(jobs_schedule_due(self.limit, unique=self.unique)).all()
         return sum(count for _, count, _ in rows)

@@ -1,0 +1,106 @@
+"""Unique jobs: from :class:`~sa_jobs.options.UniqueOpts` to row values, and the pieces of
+the insert statement that enforce them.
+
+The database does the enforcing: every unique row carries its key and the states in
+which it blocks duplicates (``unique_states``), and the partial unique index
+``sa_job_unique_idx`` admits at most one row per key among rows in their own unique
+states. The insert is one ``INSERT ... ON CONFLICT`` statement against that index; for
+Faktory's TTL, a data-modifying CTE in the same statement first releases keys whose
+lock has expired.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import Select, func, null, select, update
+from sqlalchemy.sql.selectable import CTE, TableValuedAlias
+
+from sa_jobs.args import JobKind
+from sa_jobs.keys import canonical_args, canonical_bytes, key_digest, period_start_us
+from sa_jobs.models import Job, holds_unique_key, job_table, states_bitmask
+from sa_jobs.options import ResolvedInsert, UniqueOpts
+
+__all__ = ["fold_duplicates", "release_expired_locks", "unique_key_bytes", "unique_values"]
+
+
+def unique_key_bytes(
+    kind: JobKind, args_json: Any, resolved: ResolvedInsert, opts: UniqueOpts, now: dt.datetime
+) -> bytes:
+    """The canonical bytes of a job's unique key (see :mod:`sa_jobs.keys`)."""
+    period = None
+    if opts.by_period is not None:
+        period = period_start_us(resolved.scheduled_at or now, opts.by_period)
+    return canonical_bytes(
+        "unique",
+        kind=None if opts.exclude_kind else kind.name,
+        args=canonical_args(kind.args_class, args_json, "unique") if opts.by_args else None,
+        period_us=period,
+        queue=resolved.queue if opts.by_queue else None,
+    )
+
+
+def unique_values(
+    kind: JobKind, args_json: Any, resolved: ResolvedInsert, now: dt.datetime
+) -> dict[str, Any]:
+    """The ``unique_*`` fields of one row (all None when the job is not unique)."""
+    opts = resolved.unique
+    if opts is None or opts.is_empty:
+        return {}
+    key = key_digest(unique_key_bytes(kind, args_json, resolved, opts, now))
+    return {
+        "unique_key": "\\x" + key.hex(),
+        "unique_states": states_bitmask(opts.states),
+        "unique_ttl": opts.ttl.total_seconds() if opts.ttl is not None else None,
+        "unique_until_start": opts.until == "start",
+    }
+
+
+def fold_duplicates(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
+    """Drop later rows whose unique key an earlier row of the batch already has.
+
+    PostgreSQL refuses an ``ON CONFLICT DO UPDATE`` that would touch one row twice, and
+    the first of several identical requests is the one that should win. Returns the rows
+    to send and, for every input row, the index of the sent row that answers it.
+    """
+    sent: list[dict[str, Any]] = []
+    answer: list[int] = []
+    first_with_key: dict[str, int] = {}
+    for row in rows:
+        key = row.get("unique_key")
+        if key is not None and key in first_with_key:
+            answer.append(first_with_key[key])
+            continue
+        if key is not None:
+            first_with_key[key] = len(sent)
+        answer.append(len(sent))
+        sent.append(row)
+    return sent, answer
+
+
+def release_expired_locks(source: TableValuedAlias) -> CTE:
+    """Clear the key of jobs whose TTL has passed, for the keys this batch inserts.
+
+    Runs as a CTE of the insert statement itself and is referenced by it, so it runs
+    first and under the same row locks: two inserters racing for an expired key queue
+    on the old row, and the loser then meets the winner's new row in ON CONFLICT.
+    """
+    keys = select(source.c.unique_key).where(source.c.unique_key.is_not(None))
+    return (
+        update(Job)
+        .where(
+            Job.unique_key.in_(keys),
+            holds_unique_key(job_table),
+            Job.unique_expires_at <= func.now(),
+        )
+        .values(unique_key=null())
+        .returning(Job.id)
+        .cte("released_unique_keys")
+    )
+
+
+def after_release(release: CTE) -> Select[Any]:
+    """A scalar that forces ``release`` to run before the rows are inserted."""
+    return select(func.count()).select_from(release)
