@@ -144,7 +144,13 @@ def jobs_finish(outcomes: Sequence[Outcome]) -> ReturningUpdate[int, JobState]:
                 else_=Job.scheduled_at,
             ),
             errors=case(
-                (source.c.error.is_not(None), Job.errors + func.jsonb_build_array(source.c.error)),
+                (
+                    source.c.error.is_not(None),
+                    Job.errors
+                    + func.jsonb_build_array(
+                        source.c.error.op("||")(func.jsonb_build_object("at", func.now()))
+                    ),
+                ),
                 else_=Job.errors,
             ),
             max_attempts=case(

@@ -14,7 +14,15 @@ from sqlalchemy.orm import Session
 
 from sa_jobs.complete import CANCEL_ATTEMPTED_KEY
 from sa_jobs.errors import JobNotFoundError, JobStateError, UniqueConflictError
-from sa_jobs.models import FINAL_STATES, Job, JobState, holds_unique_key, job_table, unique_index
+from sa_jobs.models import (
+    FINAL_STATES,
+    Job,
+    JobState,
+    holds_unique_key,
+    job_state_type,
+    job_table,
+    unique_index,
+)
 from sa_jobs.worker.notifier import CONTROL_CHANNEL
 
 __all__ = ["cancel_job", "retry_job"]
@@ -38,9 +46,7 @@ def cancel_job(session: Session, job_id: int) -> Job:
         update(Job)
         .where(Job.id == job_id, Job.state.not_in(_FINAL))
         .values(
-            state=case((running, Job.state), else_=literal(JobState.CANCELLED.value)).cast(
-                Job.state.type
-            ),
+            state=case((running, Job.state), else_=literal(JobState.CANCELLED, job_state_type)),
             finalized_at=case((running, null()), else_=func.now()),
             metadata_=Job.metadata_.op("||")(
                 func.jsonb_build_object(CANCEL_ATTEMPTED_KEY, func.now())
@@ -90,7 +96,8 @@ def retry_job(session: Session, job_id: int) -> Job:
         raise UniqueConflictError(job_id, _unique_key_holder(session, job_id)) from None
     if retried is None:
         job = _reload(session, job_id)
-        raise JobStateError(job_id, job.state.value, "retry", ["any state but running"])
+        allowed = [state.value for state in JobState if state is not JobState.RUNNING]
+        raise JobStateError(job_id, job.state.value, "retry", allowed)
     return _reload(session, job_id)
 
 
