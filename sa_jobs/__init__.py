@@ -20,7 +20,7 @@ from sa_jobs.insert import (
     insert_many,
 )
 from sa_jobs.models import Job, JobState, metadata
-from sa_jobs.options import InsertOpts, UniqueOpts
+from sa_jobs.options import InsertOpts, SequenceOpts, UniqueOpts
 from sa_jobs.schema import downgrade, migrate
 from sa_jobs.worker import ExponentialRetry, MaintenanceConfig, Retention, RetryPolicy, Worker
 
@@ -37,6 +37,7 @@ __all__ = [
     "Retention",
     "RetryPolicy",
     "SaJobsError",
+    "SequenceOpts",
     "UniqueOpts",
     "Worker",
     "cancel_job",

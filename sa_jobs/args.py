@@ -266,6 +266,7 @@ class KindDefaults:
     tags: tuple[str, ...] | None = None
     timeout: dt.timedelta | object | None = UNSET
     unique: Any = None
+    sequence: Any = None
 
 
 @attrs.frozen
@@ -378,6 +379,7 @@ def job_args(
     tags: Iterable[str] | None = None,
     timeout: dt.timedelta | object | None = UNSET,
     unique: Any = None,
+    sequence: Any = None,
     converter: ArgsConverter | None = None,
     registry: KindRegistry | None = None,
     frozen: bool = True,
@@ -395,6 +397,8 @@ def job_args(
         tags: Default tags.
         timeout: Default run time limit for the worker; ``None`` for no limit.
         unique: Default :class:`sa_jobs.UniqueOpts` for jobs of this kind.
+        sequence: Default :class:`sa_jobs.SequenceOpts`: jobs of this kind run one at a
+            time per sequence key, in order.
         converter: Converter for this kind's args; the shared default if omitted.
         registry: Registry to record the kind in; the default registry if omitted.
         frozen: Make instances immutable (recommended: args are values).
@@ -409,6 +413,7 @@ def job_args(
         tags=check_tags(tags) if tags is not None else None,
         timeout=check_timeout(timeout) if timeout is not UNSET else UNSET,
         unique=unique,
+        sequence=sequence,
     )
     validate_kind_defaults(defaults)
 

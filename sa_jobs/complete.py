@@ -20,6 +20,7 @@ from typing import Any
 import attrs
 from sqlalchemy import (
     BigInteger,
+    Connection,
     Float,
     SmallInteger,
     Text,
@@ -40,6 +41,8 @@ from sqlalchemy.sql.dml import ReturningUpdate
 
 from sa_jobs.errors import JobNotFoundError, JobStateError
 from sa_jobs.models import FINAL_STATES, Job, JobState, job_state_type
+from sa_jobs.schema import SEQUENCE_BRANCH, branches_of
+from sa_jobs.sequence import advance_sequences, locks_before_update
 
 __all__ = ["Outcome", "complete_in", "error_record", "jobs_finish"]
 
@@ -99,12 +102,15 @@ _OUTCOME_COLUMNS = (
 )
 
 
-def jobs_finish(outcomes: Sequence[Outcome]) -> ReturningUpdate[int, JobState]:
+def jobs_finish(
+    outcomes: Sequence[Outcome], *, sequence: bool = False
+) -> ReturningUpdate[int, JobState]:
     """One ``UPDATE`` that writes every outcome; returns ``(id, new state)`` of rows it changed.
 
     The new state is decided here, with the row in hand: a failure with no attempts left
     is discarded; anything short of completion on a job someone tried to cancel ends
-    cancelled.
+    cancelled. With ``sequence`` (the branch is installed) the jobs' sequence locks are
+    taken first; follow with :func:`finish_in` or :func:`~sa_jobs.sequence.advance_sequences`.
     """
     source = (
         func.jsonb_to_recordset(
@@ -126,13 +132,13 @@ def jobs_finish(outcomes: Sequence[Outcome]) -> ReturningUpdate[int, JobState]:
     )
     final_values = [state.value for state in FINAL_STATES]
     gives_attempt_back = ending.in_([Ending.SNOOZED.value, Ending.RETURNED.value])
+    guards = [Job.id == source.c.id, Job.attempt == source.c.attempt, Job.state == JobState.RUNNING]
+    if sequence:
+        locks = locks_before_update([o.job_id for o in outcomes])
+        guards.append(select(func.count()).select_from(locks).scalar_subquery() >= 0)
     statement = (
         update(Job)
-        .where(
-            Job.id == source.c.id,
-            Job.attempt == source.c.attempt,
-            Job.state == JobState.RUNNING,
-        )
+        .where(*guards)
         .values(
             state=sql_cast(next_state, job_state_type),
             finalized_at=case((next_state.in_(final_values), func.now()), else_=null()),
@@ -173,11 +179,24 @@ def _outcome_json(outcome: Outcome) -> dict[str, Any]:
     }
 
 
+def finish_in(connection: Connection, outcomes: Sequence[Outcome]) -> list[tuple[int, JobState]]:
+    """Write outcomes in the connection's transaction, and move sequences on with them."""
+    sequence = SEQUENCE_BRANCH in branches_of(connection)
+    rows = connection.execute(jobs_finish(outcomes, sequence=sequence)).all()
+    changed = [(int(job_id), JobState(state)) for job_id, state in rows]
+    if sequence:
+        finished = [job_id for job_id, state in changed if state in FINAL_STATES]
+        advance_sequences(connection, finished)
+    return changed
+
+
 def complete_in(session: Session, job: Job) -> None:
     """Complete a running job inside ``session``'s transaction.
 
     The completion commits or rolls back with whatever else the transaction does, so a
     handler's database effects and its job's completion happen exactly once together.
+    If the job is in a sequence, the next job of the sequence is made available in the
+    same transaction.
     Completing a job that is already completed is a no-op (the worker's own completion
     after this one does nothing either).
 
@@ -187,7 +206,7 @@ def complete_in(session: Session, job: Job) -> None:
         JobNotFoundError: no such job.
     """
     connection = session.connection()
-    changed = connection.execute(jobs_finish([Outcome.completed(job)])).all()
+    changed = finish_in(connection, [Outcome.completed(job)])
     if changed:
         _mark_completed(job)
         return

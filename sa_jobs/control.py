@@ -7,11 +7,13 @@ application can cancel a job together with the change that made it pointless.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from sqlalchemy import case, func, literal, null, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from sa_jobs import sequence
 from sa_jobs.complete import CANCEL_ATTEMPTED_KEY
 from sa_jobs.errors import JobNotFoundError, JobStateError, UniqueConflictError
 from sa_jobs.models import (
@@ -23,7 +25,7 @@ from sa_jobs.models import (
     job_table,
     unique_index,
 )
-from sa_jobs.worker.notifier import CONTROL_CHANNEL
+from sa_jobs.schema import CONTROL_CHANNEL, SEQUENCE_BRANCH, branches_of
 
 __all__ = ["cancel_job", "retry_job"]
 
@@ -57,6 +59,8 @@ def cancel_job(session: Session, job_id: int) -> Job:
     changed = session.execute(statement).one_or_none()
     if changed is not None and changed.state is JobState.RUNNING:
         session.execute(select(func.pg_notify(CONTROL_CHANNEL, json.dumps({"cancel": job_id}))))
+    elif changed is not None and SEQUENCE_BRANCH in branches_of(session.connection()):
+        sequence.advance_sequences(session.connection(), [job_id])
     return _reload(session, job_id)
 
 
@@ -72,23 +76,27 @@ def retry_job(session: Session, job_id: int) -> Job:
         UniqueConflictError: the job is unique and another job now holds its key.
         JobNotFoundError: no such job.
     """
-    statement = (
-        update(Job)
-        .where(Job.id == job_id, Job.state != JobState.RUNNING)
-        .values(
-            state=JobState.AVAILABLE,
-            scheduled_at=func.now(),
-            finalized_at=null(),
-            max_attempts=case(
-                (Job.attempt >= Job.max_attempts, Job.attempt + 1), else_=Job.max_attempts
-            ),
-            metadata_=Job.metadata_.op("-")(literal(CANCEL_ATTEMPTED_KEY)),
-        )
-        .returning(Job.id)
-    )
+    values: dict[str, Any] = {
+        "state": JobState.AVAILABLE,
+        "scheduled_at": func.now(),
+        "finalized_at": null(),
+        "max_attempts": case(
+            (Job.attempt >= Job.max_attempts, Job.attempt + 1), else_=Job.max_attempts
+        ),
+        "metadata_": Job.metadata_.op("-")(literal(CANCEL_ATTEMPTED_KEY)),
+    }
     try:
         # A savepoint, so a unique conflict leaves the caller's transaction usable.
         with session.begin_nested():
+            connection = session.connection()
+            if SEQUENCE_BRANCH in branches_of(connection):
+                values.update(sequence.retry_values(connection, job_id))
+            statement = (
+                update(Job)
+                .where(Job.id == job_id, Job.state != JobState.RUNNING)
+                .values(values)
+                .returning(Job.id)
+            )
             retried = session.execute(statement).one_or_none()
     except IntegrityError as exc:
         if str(unique_index.name) not in str(exc.orig):

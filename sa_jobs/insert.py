@@ -26,18 +26,22 @@ from typing import Any
 import attrs
 from sqlalchemy import (
     Boolean,
+    Connection,
     Float,
     Integer,
     LargeBinary,
     SmallInteger,
     Text,
+    and_,
     bindparam,
     case,
     column,
     event,
+    false,
     func,
     inspect,
     literal_column,
+    not_,
     null,
     select,
 )
@@ -60,7 +64,8 @@ from sa_jobs.args import (
 from sa_jobs.models import CORE_COLUMNS, Job, JobState, job_state_type, unique_index
 from sa_jobs.options import InsertOpts, ResolvedInsert
 from sa_jobs.schema import translate_missing_schema
-from sa_jobs.unique import after_release, fold_duplicates, release_expired_locks, unique_values
+from sa_jobs.sequence import lock_sequence_keys, sequence_values, waits_in_sequence
+from sa_jobs.unique import fold_duplicates, release_expired_locks, unique_values
 
 __all__ = [
     "InsertManyParams",
@@ -119,6 +124,7 @@ def _row_from(
     }
     if kind is not None:
         row.update(unique_values(kind, args_json, resolved, dt.datetime.now(dt.UTC)))
+        row.update(sequence_values(kind, args_json, resolved))
     return row
 
 
@@ -152,6 +158,9 @@ _ROW_COLUMNS = (
     column("unique_states", BIT(8)),
     column("unique_ttl", Float),
     column("unique_until_start", Boolean),
+    column("sequence_key", LargeBinary),
+    column("sequence_continue_on_cancelled", Boolean),
+    column("sequence_continue_on_discarded", Boolean),
 )
 
 _INSERTED_COLUMNS = (
@@ -167,7 +176,7 @@ _INSERTED_COLUMNS = (
 )
 
 
-def jobs_insert(rows: Sequence[dict[str, Any]]) -> Insert:
+def jobs_insert(rows: Sequence[dict[str, Any]], *, lock_sequences: bool = False) -> Insert:
     """The one statement that inserts jobs: any number of rows, one bound parameter.
 
     ``rows`` come from :func:`build_rows`; rows sharing a unique key must have been
@@ -175,8 +184,14 @@ def jobs_insert(rows: Sequence[dict[str, Any]]) -> Insert:
     columns plus ``unique_skipped_as_duplicate``, one row per input row, in order: a
     unique row that met an existing job returns that job.
 
-    Without unique rows the statement touches only core columns, so it works on a
-    database that has only the core branch.
+    Sequenced rows must be inserted under their sequences' advisory locks: the callers
+    here take them with :func:`~sa_jobs.sequence.lock_sequence_keys` first;
+    ``lock_sequences=True`` takes them inside the statement instead (for
+    :func:`insert_job`), which keeps the one-active-job guarantee but, under contention,
+    may end in a unique violation rather than a waiting job.
+
+    A statement without unique or sequenced rows touches only core columns, so it works
+    on a database that has only the core branch.
     """
     numbered = [{"ord": index, **row} for index, row in enumerate(rows)]
     source = (
@@ -184,9 +199,16 @@ def jobs_insert(rows: Sequence[dict[str, Any]]) -> Insert:
         .table_valued(*_ROW_COLUMNS)
         .render_derived(name="job_rows", with_types=True)
     )
+    unique = any(row.get("unique_key") for row in rows)
+    sequenced = any(row.get("sequence_key") for row in rows)
     due_at = func.coalesce(source.c.scheduled_at, func.now())
-    state = case((due_at > func.now(), JobState.SCHEDULED.value), else_=JobState.AVAILABLE.value)
-    values = [
+    waits = waits_in_sequence(source.c.sequence_key, source.c.ord) if sequenced else false()
+    state = case(
+        (waits, JobState.PENDING.value),
+        (due_at > func.now(), JobState.SCHEDULED.value),
+        else_=JobState.AVAILABLE.value,
+    )
+    values: list[Any] = [
         source.c.kind,
         source.c.args,
         sql_cast(state, job_state_type),
@@ -198,30 +220,56 @@ def jobs_insert(rows: Sequence[dict[str, Any]]) -> Insert:
         due_at,
     ]
     columns = list(_INSERTED_COLUMNS)
-    if not any(row.get("unique_key") for row in rows):
-        return (
-            pg_insert(Job)
-            .from_select(columns, select(*values).order_by(source.c.ord))
-            .returning(*CORE_COLUMNS, sql_false().label(SKIPPED_COLUMN))
+    ctes = []
+    if unique:
+        ttl = func.make_interval(0, 0, 0, 0, 0, 0, source.c.unique_ttl)
+        values += [
+            source.c.unique_key,
+            source.c.unique_states,
+            case((source.c.unique_ttl.is_not(None), due_at + ttl), else_=null()),
+            func.coalesce(source.c.unique_until_start, False),
+        ]
+        columns += ["unique_key", "unique_states", "unique_expires_at", "unique_until_start"]
+        ctes.append(release_expired_locks(source))
+    if sequenced:
+        values += [
+            source.c.sequence_key,
+            and_(source.c.sequence_key.is_not(None), not_(waits)),
+            func.coalesce(source.c.sequence_continue_on_cancelled, False),
+            func.coalesce(source.c.sequence_continue_on_discarded, False),
+        ]
+        columns += [
+            "sequence_key",
+            "sequence_slot",
+            "sequence_continue_on_cancelled",
+            "sequence_continue_on_discarded",
+        ]
+        if lock_sequences:
+            keys = [row["sequence_key"] for row in rows if row.get("sequence_key")]
+            ctes.append(lock_sequence_keys(keys).cte("sequence_locks"))
+    rows_select = select(*values).order_by(source.c.ord)
+    for cte in ctes:
+        # Referencing a data-modifying or locking CTE makes it run before the rows do.
+        rows_select = rows_select.where(
+            select(func.count()).select_from(cte).scalar_subquery() >= 0
         )
-    ttl = func.make_interval(0, 0, 0, 0, 0, 0, source.c.unique_ttl)
-    values += [
-        source.c.unique_key,
-        source.c.unique_states,
-        case((source.c.unique_ttl.is_not(None), due_at + ttl), else_=null()),
-        func.coalesce(source.c.unique_until_start, False),
-    ]
-    columns += ["unique_key", "unique_states", "unique_expires_at", "unique_until_start"]
-    release = release_expired_locks(source)
-    rows_select = (
-        select(*values).where(after_release(release).scalar_subquery() >= 0).order_by(source.c.ord)
-    )
-    statement = pg_insert(Job).from_select(columns, rows_select).add_cte(release)
+    statement = pg_insert(Job).from_select(columns, rows_select)
+    for cte in ctes:
+        statement = statement.add_cte(cte)
+    if not unique:
+        return statement.returning(*CORE_COLUMNS, sql_false().label(SKIPPED_COLUMN))
     # River's trick: a no-op update makes the existing row come back from RETURNING,
     # and xmax tells the two cases apart. Nothing of the existing row changes.
     return statement.on_conflict_do_update(
         constraint=unique_index, set_={"kind": statement.excluded.kind}
     ).returning(*CORE_COLUMNS, literal_column("xmax <> 0", Boolean).label(SKIPPED_COLUMN))
+
+
+def lock_sequences_of(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    """Take the advisory locks of the rows' sequences before inserting them."""
+    keys = [row["sequence_key"] for row in rows if row.get("sequence_key")]
+    if keys:
+        connection.execute(lock_sequence_keys(keys))
 
 
 # --------------------------------------------------------------------------- public paths
@@ -234,7 +282,7 @@ def insert_job(args: object, opts: InsertOpts | None = None, **options: Any) -> 
     keywords. Executing the statement returns one row: the job's columns and
     ``unique_skipped_as_duplicate``.
     """
-    return jobs_insert(build_rows([(args, _opts(opts, options))]))
+    return jobs_insert(build_rows([(args, _opts(opts, options))]), lock_sequences=True)
 
 
 def insert(
@@ -276,6 +324,7 @@ def insert_many(
             .execution_options(populate_existing=True)
         )
         with translate_missing_schema():
+            lock_sequences_of(session.connection(), sent)
             returned = session.execute(statement).all()
         for position, answer in enumerate(answers):
             job, skipped = returned[answer]
@@ -365,6 +414,7 @@ def _insert_pending_jobs(session: Session, _flush: UOWTransaction, _objects: Any
     pending.sort(key=lambda job: job.__dict__.get("_sa_jobs_order", -1))
     sent, answers = fold_duplicates([_pending_row(job) for job in pending])
     with translate_missing_schema():
+        lock_sequences_of(session.connection(), sent)
         returned = session.connection().execute(jobs_insert(sent)).mappings().all()
     for position, (job, answer) in enumerate(zip(pending, answers, strict=True)):
         _become_row(session, job, returned[answer], folded=answers.index(answer) != position)

@@ -138,6 +138,20 @@ class Job(Base):
         Boolean, server_default=text("false"), deferred=True
     )
 
+    # -- sequences (the sa_jobs_sequence branch), deferred like the unique columns.
+    sequence_key: Mapped[bytes | None] = mapped_column(LargeBinary, deferred=True)
+    #: This job holds its sequence's one slot: it is the active job, or the cancelled or
+    #: discarded job that halted the sequence.
+    sequence_slot: Mapped[bool] = mapped_column(
+        Boolean, server_default=text("false"), deferred=True
+    )
+    sequence_continue_on_cancelled: Mapped[bool] = mapped_column(
+        Boolean, server_default=text("false"), deferred=True
+    )
+    sequence_continue_on_discarded: Mapped[bool] = mapped_column(
+        Boolean, server_default=text("false"), deferred=True
+    )
+
     __table_args__ = (
         CheckConstraint("priority BETWEEN 1 AND 4", name="priority"),
         CheckConstraint("max_attempts > 0", name="max_attempts"),
@@ -247,8 +261,35 @@ unique_index = Index(
     postgresql_where=holds_unique_key(job_table),
 )
 
+#: Every sequence job that is active holds its sequence's slot; with the unique slot
+#: index below, at most one job of a sequence can be active.
+sequence_active_holds_slot = CheckConstraint(
+    "sequence_key IS NULL OR sequence_slot OR state NOT IN "
+    "('available', 'running', 'retryable', 'scheduled')",
+    name="sequence_active_holds_slot",
+)
+job_table.append_constraint(sequence_active_holds_slot)
+
+#: At most one slot holder per sequence key.
+sequence_slot_index = Index(
+    "sa_job_sequence_slot_idx",
+    job_table.c.sequence_key,
+    unique=True,
+    postgresql_where=and_(job_table.c.sequence_key.is_not(None), job_table.c.sequence_slot),
+)
+#: The next job of a sequence: its lowest pending id.
+sequence_pending_index = Index(
+    "sa_job_sequence_pending_idx",
+    job_table.c.sequence_key,
+    job_table.c.id,
+    postgresql_where=and_(
+        job_table.c.sequence_key.is_not(None), job_table.c.state == JobState.PENDING
+    ),
+)
+
+_FEATURE_PREFIXES = ("unique_", "sequence_")
 #: The columns every installation has; the insert and fetch paths return only these.
-CORE_COLUMNS = tuple(c for c in job_table.c if not c.name.startswith("unique_"))
+CORE_COLUMNS = tuple(c for c in job_table.c if not c.name.startswith(_FEATURE_PREFIXES))
 
 # The unique index's predicate calls this function, so metadata.create_all() (tests,
 # autogenerate comparisons) must create it first. The Alembic script has its own copy.

@@ -27,6 +27,7 @@ __all__ = [
     "REQUIRED_UNIQUE_STATES",
     "InsertOpts",
     "ResolvedInsert",
+    "SequenceOpts",
     "UniqueOpts",
 ]
 
@@ -160,6 +161,8 @@ def validate_kind_defaults(defaults: KindDefaults) -> None:
         check_timeout(defaults.timeout)
     if defaults.unique is not None:
         check_unique(defaults.unique)
+    if defaults.sequence is not None:
+        check_sequence(defaults.sequence)
 
 
 def check_unique(unique: object) -> UniqueOpts:
@@ -168,76 +171,6 @@ def check_unique(unique: object) -> UniqueOpts:
             "unique", f"must be a sa_jobs.UniqueOpts, got {type(unique).__name__}"
         )
     return unique
-
-
-def _optional(check: Any) -> Any:
-    def validator(_instance: Any, _attribute: Any, value: Any) -> None:
-        if value is not None:
-            check(value)
-
-    return validator
-
-
-def _tags_or_none(value: Any) -> tuple[str, ...] | None:
-    return None if value is None else check_tags(value)
-
-
-@attrs.frozen
-class InsertOpts:
-    """Per-call insert options; ``None`` means "use the kind's default, else the library's".
-
-    Attributes:
-        queue: Queue name, 1-128 characters. Library default ``"default"``.
-        priority: 1 (most urgent) to 4. Library default 1.
-        max_attempts: Attempts before the job is discarded, at least 1. Library default 25.
-        tags: Free-form labels (at most 64, each 1-255 characters). Library default none.
-        metadata: A JSON object stored with the job, for your own bookkeeping.
-        scheduled_at: When the job becomes due (time-zone aware). A future time makes the
-            job ``scheduled``; omitted or past means ``available`` now (database clock).
-        unique: Uniqueness for this job, overriding the kind's; ``UniqueOpts()`` turns the
-            kind's uniqueness off for this call.
-    """
-
-    queue: str | None = attrs.field(default=None, validator=_optional(check_queue))
-    priority: int | None = attrs.field(default=None, validator=_optional(check_priority))
-    max_attempts: int | None = attrs.field(default=None, validator=_optional(check_max_attempts))
-    tags: tuple[str, ...] | None = attrs.field(default=None, converter=_tags_or_none)
-    metadata: Mapping[str, Any] | None = attrs.field(
-        default=None, validator=_optional(check_metadata)
-    )
-    scheduled_at: dt.datetime | None = attrs.field(
-        default=None, validator=_optional(check_scheduled_at)
-    )
-    unique: UniqueOpts | None = attrs.field(default=None, validator=_optional(check_unique))
-
-    def resolve(self, declared: KindDefaults) -> ResolvedInsert:
-        """Combine with a kind's declared defaults and the library defaults."""
-        return ResolvedInsert(
-            queue=_first(self.queue, declared.queue, DEFAULT_QUEUE),
-            priority=_first(self.priority, declared.priority, DEFAULT_PRIORITY),
-            max_attempts=_first(self.max_attempts, declared.max_attempts, DEFAULT_MAX_ATTEMPTS),
-            tags=_first(self.tags, declared.tags, ()),
-            metadata=dict(self.metadata) if self.metadata is not None else {},
-            scheduled_at=self.scheduled_at,
-            unique=self.unique if self.unique is not None else declared.unique,
-        )
-
-
-def _first(*values: Any) -> Any:
-    return next(value for value in values if value is not None)
-
-
-@attrs.frozen
-class ResolvedInsert:
-    """Fully resolved column values for one job row (everything but the args)."""
-
-    queue: str
-    priority: int
-    max_attempts: int
-    tags: tuple[str, ...]
-    metadata: dict[str, Any]
-    scheduled_at: dt.datetime | None
-    unique: UniqueOpts | None = None
 
 
 # --------------------------------------------------------------------------- unique jobs
@@ -332,3 +265,119 @@ class UniqueOpts:
     @property
     def states(self) -> frozenset[JobState]:
         return self.by_state if self.by_state is not None else DEFAULT_UNIQUE_STATES
+
+
+# --------------------------------------------------------------------------- sequences
+
+
+@attrs.frozen
+class SequenceOpts:
+    """Run jobs one at a time, in id order, per sequence key (River Pro's sequences).
+
+    ``SequenceOpts()`` sequences all jobs of the kind together; each option narrows the
+    key so more sequences run in parallel.
+
+    Attributes:
+        by_args: Include the encoded args — all of them, or only the fields marked
+            ``sa_jobs.field(sequence=True)`` if the class marks any.
+        by_queue: Include the queue.
+        exclude_kind: Leave the kind out, so several kinds share one sequence.
+        continue_on_cancelled: A cancelled job does not halt its sequence.
+        continue_on_discarded: A discarded job does not halt its sequence.
+    """
+
+    by_args: bool = False
+    by_queue: bool = False
+    exclude_kind: bool = False
+    continue_on_cancelled: bool = False
+    continue_on_discarded: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if self.exclude_kind and not (self.by_args or self.by_queue):
+            raise InvalidOptionsError(
+                "exclude_kind",
+                "with neither by_args nor by_queue, excluding the kind would put every "
+                "sequenced job of every kind in one sequence; add by_args or by_queue",
+            )
+
+
+def check_sequence(sequence: object) -> SequenceOpts:
+    if not isinstance(sequence, SequenceOpts):
+        raise InvalidOptionsError(
+            "sequence", f"must be a sa_jobs.SequenceOpts, got {type(sequence).__name__}"
+        )
+    return sequence
+
+
+def _optional(check: Any) -> Any:
+    def validator(_instance: Any, _attribute: Any, value: Any) -> None:
+        if value is not None:
+            check(value)
+
+    return validator
+
+
+def _tags_or_none(value: Any) -> tuple[str, ...] | None:
+    return None if value is None else check_tags(value)
+
+
+@attrs.frozen
+class InsertOpts:
+    """Per-call insert options; ``None`` means "use the kind's default, else the library's".
+
+    Attributes:
+        queue: Queue name, 1-128 characters. Library default ``"default"``.
+        priority: 1 (most urgent) to 4. Library default 1.
+        max_attempts: Attempts before the job is discarded, at least 1. Library default 25.
+        tags: Free-form labels (at most 64, each 1-255 characters). Library default none.
+        metadata: A JSON object stored with the job, for your own bookkeeping.
+        scheduled_at: When the job becomes due (time-zone aware). A future time makes the
+            job ``scheduled``; omitted or past means ``available`` now (database clock).
+        unique: Uniqueness for this job, overriding the kind's; ``UniqueOpts()`` turns the
+            kind's uniqueness off for this call.
+        sequence: The sequence this job joins, overriding the kind's.
+    """
+
+    queue: str | None = attrs.field(default=None, validator=_optional(check_queue))
+    priority: int | None = attrs.field(default=None, validator=_optional(check_priority))
+    max_attempts: int | None = attrs.field(default=None, validator=_optional(check_max_attempts))
+    tags: tuple[str, ...] | None = attrs.field(default=None, converter=_tags_or_none)
+    metadata: Mapping[str, Any] | None = attrs.field(
+        default=None, validator=_optional(check_metadata)
+    )
+    scheduled_at: dt.datetime | None = attrs.field(
+        default=None, validator=_optional(check_scheduled_at)
+    )
+    unique: UniqueOpts | None = attrs.field(default=None, validator=_optional(check_unique))
+    sequence: SequenceOpts | None = attrs.field(default=None, validator=_optional(check_sequence))
+
+    def resolve(self, declared: KindDefaults) -> ResolvedInsert:
+        """Combine with a kind's declared defaults and the library defaults."""
+        return ResolvedInsert(
+            queue=_first(self.queue, declared.queue, DEFAULT_QUEUE),
+            priority=_first(self.priority, declared.priority, DEFAULT_PRIORITY),
+            max_attempts=_first(self.max_attempts, declared.max_attempts, DEFAULT_MAX_ATTEMPTS),
+            tags=_first(self.tags, declared.tags, ()),
+            metadata=dict(self.metadata) if self.metadata is not None else {},
+            scheduled_at=self.scheduled_at,
+            unique=self.unique if self.unique is not None else declared.unique,
+            sequence=self.sequence if self.sequence is not None else declared.sequence,
+        )
+
+
+def _first(*values: Any) -> Any:
+    return next(value for value in values if value is not None)
+
+
+@attrs.frozen
+class ResolvedInsert:
+    """Fully resolved column values for one job row (everything but the args)."""
+
+    queue: str
+    priority: int
+    max_attempts: int
+    tags: tuple[str, ...]
+    metadata: dict[str, Any]
+    scheduled_at: dt.datetime | None
+    unique: UniqueOpts | None = None
+    sequence: SequenceOpts | None = None

@@ -10,6 +10,7 @@ a version table of their own, ``sa_jobs_alembic_version``.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,11 +25,17 @@ __all__ = ["BRANCHES", "CORE_BRANCH", "VERSION_TABLE", "downgrade", "migrate"]
 
 CORE_BRANCH = "sa_jobs_core"
 UNIQUE_BRANCH = "sa_jobs_unique"
+SEQUENCE_BRANCH = "sa_jobs_sequence"
 #: Every branch label, in the order ``sa-jobs migrate`` lists them.
-BRANCHES = (CORE_BRANCH, UNIQUE_BRANCH)
+BRANCHES = (CORE_BRANCH, UNIQUE_BRANCH, SEQUENCE_BRANCH)
 
 #: A column each feature branch adds to ``sa_job``, to tell whether it is installed.
-_BRANCH_MARKER_COLUMNS = {UNIQUE_BRANCH: "unique_key"}
+_BRANCH_MARKER_COLUMNS = {UNIQUE_BRANCH: "unique_key", SEQUENCE_BRANCH: "sequence_key"}
+
+#: NOTIFY channels: new due jobs (payload: the queue; sent by the insert trigger the core
+#: migration installs, and by maintenance), and control messages (``{"cancel": id}``).
+INSERT_CHANNEL = "sa_jobs_insert"
+CONTROL_CHANNEL = "sa_jobs_control"
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 #: The version table ``migrate()`` uses, apart from an application's ``alembic_version``.
@@ -93,6 +100,23 @@ def installed_branches(connection: Connection) -> frozenset[str]:
     )
 
 
+_branch_cache: weakref.WeakKeyDictionary[Engine, frozenset[str]] = weakref.WeakKeyDictionary()
+
+
+def branches_of(connection: Connection) -> frozenset[str]:
+    """:func:`installed_branches`, remembered per engine (read once per process).
+
+    A branch installed while the process runs is seen after a restart.
+    """
+    engine = connection.engine
+    cached = _branch_cache.get(engine)
+    if cached is None:
+        cached = installed_branches(connection)
+        if CORE_BRANCH in cached:
+            _branch_cache[engine] = cached
+    return cached
+
+
 @contextlib.contextmanager
 def translate_missing_schema() -> Iterator[None]:
     """Turn "relation sa_job does not exist" (or a feature's missing column) into an error
@@ -107,6 +131,6 @@ def translate_missing_schema() -> Iterator[None]:
             raise SchemaMissingError(CORE_BRANCH, detail) from exc
         if sqlstate == "42703":  # undefined column: a feature branch is missing
             for branch, marker in _BRANCH_MARKER_COLUMNS.items():
-                if f'"{marker}"' in message:
+                if f'"{marker.split("_")[0]}_' in message:
                     raise SchemaMissingError(branch, detail) from exc
         raise

@@ -15,7 +15,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Select, func, null, select, update
+from sqlalchemy import func, null, select, update
 from sqlalchemy.sql.selectable import CTE, TableValuedAlias
 
 from sa_jobs.args import JobKind
@@ -83,7 +83,7 @@ def fold_duplicates(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]
 def release_expired_locks(source: TableValuedAlias) -> CTE:
     """Clear the key of jobs whose TTL has passed, for the keys this batch inserts.
 
-    Runs as a CTE of the insert statement itself and is referenced by it, so it runs
+    Runs as a CTE of the insert statement itself, referenced by it so that it runs
     first and under the same row locks: two inserters racing for an expired key queue
     on the old row, and the loser then meets the winner's new row in ON CONFLICT.
     """
@@ -99,8 +99,3 @@ def release_expired_locks(source: TableValuedAlias) -> CTE:
         .returning(Job.id)
         .cte("released_unique_keys")
     )
-
-
-def after_release(release: CTE) -> Select[Any]:
-    """A scalar that forces ``release`` to run before the rows are inserted."""
-    return select(func.count()).select_from(release)

@@ -17,7 +17,7 @@ from typing import Protocol
 
 from sqlalchemy import Engine
 
-from sa_jobs.complete import Outcome, jobs_finish
+from sa_jobs.complete import Outcome, finish_in
 from sa_jobs.worker.backoff import Backoff
 
 __all__ = ["BatchCompleter", "Completer", "InlineCompleter"]
@@ -42,8 +42,9 @@ class Completer(Protocol):
 
 
 def write_outcomes(engine: Engine, outcomes: list[Outcome]) -> int:
+    """Write outcomes (and move their sequences on) in one transaction."""
     with engine.begin() as connection:
-        return len(connection.execute(jobs_finish(outcomes)).all())
+        return len(finish_in(connection, outcomes))
 
 
 class InlineCompleter:

@@ -21,8 +21,7 @@ from sa_jobs.worker.backoff import is_transient
 
 __all__ = ["CONTROL_CHANNEL", "INSERT_CHANNEL", "Notifier"]
 
-INSERT_CHANNEL = "sa_jobs_insert"
-CONTROL_CHANNEL = "sa_jobs_control"
+from sa_jobs.schema import CONTROL_CHANNEL, INSERT_CHANNEL
 
 log = logging.getLogger("sa_jobs.worker")
 

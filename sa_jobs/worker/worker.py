@@ -22,7 +22,7 @@ from sa_jobs.complete import Outcome
 from sa_jobs.errors import InvalidOptionsError, SchemaMissingError
 from sa_jobs.models import Job, JobState
 from sa_jobs.options import check_queue
-from sa_jobs.schema import CORE_BRANCH, UNIQUE_BRANCH, installed_branches
+from sa_jobs.schema import CORE_BRANCH, SEQUENCE_BRANCH, UNIQUE_BRANCH, installed_branches
 from sa_jobs.worker.aio import EventLoopThread
 from sa_jobs.worker.completer import BatchCompleter, Completer, InlineCompleter
 from sa_jobs.worker.execution import Execution, Interrupt, run_async, run_sync
@@ -130,6 +130,7 @@ class Worker:
         if CORE_BRANCH not in self.branches:
             raise SchemaMissingError(CORE_BRANCH, "the worker found no sa_job table")
         unique = UNIQUE_BRANCH in self.branches
+        sequence = SEQUENCE_BRANCH in self.branches
         handlers = self.handlers.all()
         total = sum(self.queues.values())
         self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -160,6 +161,7 @@ class Worker:
             LeaderElection(self.id, self.maintenance_config.leader_ttl),
             self._closing,
             unique=unique,
+            sequence=sequence,
         )
         self._notifier = Notifier(
             self.engine,
@@ -204,13 +206,13 @@ class Worker:
         try:
             while True:
                 with self.engine.begin() as connection:
-                    self._maintenance.scheduler.run_once(connection)
+                    promoted = self._maintenance.make_due_jobs_available(connection)
                 self._wake_all()
                 while not self._idle():
                     if deadline is not None and time.monotonic() > deadline:
                         raise TimeoutError(f"worker still busy after {timeout} s")
                     time.sleep(0.002)
-                if not self._due_work_left():
+                if not promoted and not self._due_work_left():
                     return
         finally:
             self.stop()

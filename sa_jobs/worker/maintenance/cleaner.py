@@ -26,9 +26,12 @@ def _older_than(age: dt.timedelta) -> object:
 
 
 class Cleaner:
-    def __init__(self, retention: Retention, limit: int = 10_000) -> None:
+    def __init__(
+        self, retention: Retention, limit: int = 10_000, *, sequence: bool = False
+    ) -> None:
         self.retention = retention
         self.limit = limit
+        self.sequence = sequence
 
     def run_once(self, connection: Connection) -> int:
         """Delete up to ``limit`` expired jobs per state; returns how many went."""
@@ -40,9 +43,14 @@ class Cleaner:
         ):
             if keep is None:
                 continue
+            conditions = [Job.state == state, Job.finalized_at < _older_than(keep)]
+            if self.sequence:
+                # A job that halted its sequence is kept until someone resolves it:
+                # deleting it would silently restart the sequence.
+                conditions.append(~Job.sequence_slot)
             expired = (
                 select(Job.id)
-                .where(Job.state == state, Job.finalized_at < _older_than(keep))
+                .where(*conditions)
                 .limit(self.limit)
                 .with_for_update(skip_locked=True)
                 .scalar_subquery()

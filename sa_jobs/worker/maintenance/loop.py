@@ -12,6 +12,7 @@ import attrs
 from sqlalchemy import Connection, Engine
 
 from sa_jobs.errors import InvalidOptionsError
+from sa_jobs.sequence import SequencePromoter
 from sa_jobs.worker.backoff import is_transient
 from sa_jobs.worker.maintenance.cleaner import Cleaner, Retention
 from sa_jobs.worker.maintenance.leader import LeaderElection
@@ -86,14 +87,15 @@ class MaintenanceLoop:
         closing: threading.Event,
         *,
         unique: bool = False,
+        sequence: bool = False,
     ) -> None:
         self._engine = engine
         self.config = config
         self.presence = presence
         self.election = election
         self.scheduler = Scheduler(unique=unique)
-        self.rescuer = Rescuer(config.rescue_after)
-        self.cleaner = Cleaner(config.retention)
+        self.rescuer = Rescuer(config.rescue_after, sequence=sequence)
+        self.cleaner = Cleaner(config.retention, sequence=sequence)
         self._closing = closing
         self.is_leader = False
         self._services = [
@@ -101,6 +103,10 @@ class MaintenanceLoop:
             _Periodic("rescuer", config.rescuer_interval, self.rescuer.run_once),
             _Periodic("cleaner", config.cleaner_interval, self.cleaner.run_once),
         ]
+        self.sequence_promoter = SequencePromoter() if sequence else None
+        if self.sequence_promoter is not None:
+            repair = self.sequence_promoter.run_once
+            self._services.append(_Periodic("sequence repair", config.scheduler_interval, repair))
         self._thread = threading.Thread(target=self._loop, name="sa_jobs-maintenance", daemon=True)
 
     def start(self) -> None:
@@ -113,6 +119,13 @@ class MaintenanceLoop:
         self._thread.join()
         self._step("resign", self.election.resign)
         self._step("deregister", self.presence.deregister)
+
+    def make_due_jobs_available(self, connection: Connection) -> int:
+        """The scheduler's and the sequence repair's work, now (for ``run_until_idle``)."""
+        count = self.scheduler.run_once(connection)
+        if self.sequence_promoter is not None:
+            count += self.sequence_promoter.run_once(connection)
+        return count
 
     def _loop(self) -> None:
         next_presence = 0.0

@@ -19,6 +19,7 @@ from sqlalchemy import cast as sql_cast
 
 from sa_jobs.complete import CANCEL_ATTEMPTED_KEY
 from sa_jobs.models import FINAL_STATES, Job, JobState, WorkerProcess, job_state_type
+from sa_jobs.sequence import advance_sequences
 
 __all__ = ["Rescuer", "jobs_rescue_orphaned"]
 
@@ -79,10 +80,15 @@ def jobs_rescue_orphaned(rescue_after: float, limit: int):  # type: ignore[no-un
 
 
 class Rescuer:
-    def __init__(self, rescue_after: float, limit: int = 1000) -> None:
+    def __init__(self, rescue_after: float, limit: int = 1000, *, sequence: bool = False) -> None:
         self.rescue_after = rescue_after
         self.limit = limit
+        self.sequence = sequence
 
     def run_once(self, connection: Connection) -> int:
         """Returns the number of jobs rescued."""
-        return len(connection.execute(jobs_rescue_orphaned(self.rescue_after, self.limit)).all())
+        rescued = connection.execute(jobs_rescue_orphaned(self.rescue_after, self.limit)).all()
+        if self.sequence:
+            finished = [job_id for job_id, state in rescued if state in FINAL_STATES]
+            advance_sequences(connection, finished)
+        return len(rescued)

@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Select, case, func, literal, null, select, up
 from sqlalchemy import cast as sql_cast
 
 from sa_jobs.models import Job, JobState, holds_unique_key, job_state_type, job_table
-from sa_jobs.worker.notifier import INSERT_CHANNEL
+from sa_jobs.schema import INSERT_CHANNEL
 
 __all__ = ["UNIQUE_CONFLICT_KEY", "Scheduler", "jobs_schedule_due"]
 

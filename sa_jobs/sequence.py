@@ -1,0 +1,306 @@
+"""Sequences: one job at a time per sequence key, in id order, halting on failure.
+
+Every sequence has one *slot* (``sequence_slot``). The job holding it is the sequence's
+active job — or, when the sequence is halted, the cancelled or discarded job that halted
+it. The other jobs of the sequence wait as ``pending``. The database guarantees the rest:
+a unique index admits one slot holder per key, and a CHECK makes every active
+(available, running, retryable, scheduled) sequence job a slot holder.
+
+Who decides what, without races:
+
+* **Inserting** takes a transaction-level advisory lock per key (sorted, so batches do
+  not deadlock), then inserts with a fresh snapshot: a job takes the slot when nobody
+  holds it and nobody waits before it, otherwise it waits. Inserters of one sequence are
+  therefore serialised until they commit — which is what keeps ids in start order.
+* **Finishing** the slot holder (completer, ``complete_in``, rescuer, cancellation)
+  passes the slot, in the same transaction and under the same lock, to the lowest
+  pending id: a completed job always does, a cancelled or discarded one only with its
+  ``continue_on_*`` flag — otherwise it keeps the slot and the sequence halts.
+* **Retrying** the halted job resumes the sequence from it (it still holds the slot);
+  retrying a later job moves the slot to it, skipping the halted one.
+* A **maintenance pass** gives the slot to the lowest pending job of any sequence that
+  has waiting jobs and no holder (after a crash, a rolled-back inserter, or a manual
+  change) — a repair, not the normal path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Integer,
+    Select,
+    Text,
+    and_,
+    bindparam,
+    case,
+    exists,
+    func,
+    literal,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy import cast as sql_cast
+from sqlalchemy.dialects.postgresql import ARRAY, BIT
+from sqlalchemy.sql.expression import ColumnElement
+
+from sa_jobs.args import JobKind
+from sa_jobs.keys import canonical_args, canonical_bytes, key_digest
+from sa_jobs.models import FINAL_STATES, Job, JobState, job_state_type, job_table
+from sa_jobs.options import ResolvedInsert
+from sa_jobs.schema import INSERT_CHANNEL
+
+__all__ = [
+    "advance_sequences",
+    "lock_sequence_keys",
+    "sequence_values",
+    "waits_in_sequence",
+]
+
+#: The first argument of ``pg_advisory_xact_lock(int4, int4)`` for sequence locks, so they
+#: cannot collide with an application's own single-argument advisory locks.
+LOCK_CLASS = 0x5A_5E_0001
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def sequence_values(kind: JobKind, args_json: Any, resolved: ResolvedInsert) -> dict[str, Any]:
+    """The ``sequence_*`` fields of one row (empty when the job is not sequenced)."""
+    opts = resolved.sequence
+    if opts is None:
+        return {}
+    canonical = canonical_bytes(
+        "sequence",
+        kind=None if opts.exclude_kind else kind.name,
+        args=canonical_args(kind.args_class, args_json, "sequence") if opts.by_args else None,
+        queue=resolved.queue if opts.by_queue else None,
+    )
+    return {
+        "sequence_key": "\\x" + key_digest(canonical).hex(),
+        "sequence_continue_on_cancelled": opts.continue_on_cancelled,
+        "sequence_continue_on_discarded": opts.continue_on_discarded,
+    }
+
+
+def lock_id(hex_key: str) -> int:
+    """The advisory lock number of a key: its first four bytes, as a signed int4."""
+    return int.from_bytes(bytes.fromhex(hex_key[2:10]), "big", signed=True)
+
+
+def _lock_id_sql(key: Any) -> ColumnElement[int]:
+    # The same number computed in SQL: the first four bytes read as a signed int4.
+    hex_digits = literal("x").op("||")(func.encode(func.substring(key, 1, 4), "hex"))
+    return sql_cast(sql_cast(hex_digits, BIT(32)), Integer)
+
+
+# --------------------------------------------------------------------------- inserting
+
+
+def lock_sequence_keys(hex_keys: Iterable[str]) -> Select[Any]:
+    """Take the advisory lock of every key, in sorted order, until the transaction ends."""
+    ids = sorted({lock_id(key) for key in hex_keys})
+    numbers = func.unnest(bindparam("sa_jobs_sequence_locks", ids, type_=ARRAY(Integer)))
+    lock_number = numbers.table_valued("n").render_derived(name="lock_numbers")
+    return select(func.count(func.pg_advisory_xact_lock(LOCK_CLASS, lock_number.c.n)))
+
+
+def waits_in_sequence(key: Any, ord_: Any) -> ColumnElement[bool]:
+    """For a row being inserted: must it wait (``pending``) rather than take the slot?
+
+    It waits if an earlier row of the same batch is in its sequence, or if the sequence
+    has a slot holder or waiting jobs. Sound only under the keys' advisory locks.
+    """
+    holder = job_table.alias("holder")
+    waiting = job_table.alias("waiting")
+    earlier_in_batch = func.row_number().over(partition_by=key, order_by=ord_) > 1
+    slot_taken = exists().where(
+        holder.c.sequence_key == key, holder.c.sequence_key.is_not(None), holder.c.sequence_slot
+    )
+    others_waiting = exists().where(
+        waiting.c.sequence_key == key,
+        waiting.c.sequence_key.is_not(None),
+        waiting.c.state == JobState.PENDING,
+    )
+    return and_(key.is_not(None), or_(earlier_in_batch, slot_taken, others_waiting))
+
+
+# --------------------------------------------------------------------------- advancing
+
+
+def _passes_slot_on() -> ColumnElement[bool]:
+    """A finished slot holder that lets its sequence go on (the others halt it)."""
+    return or_(
+        Job.state == JobState.COMPLETED,
+        and_(Job.state == JobState.CANCELLED, Job.sequence_continue_on_cancelled),
+        and_(Job.state == JobState.DISCARDED, Job.sequence_continue_on_discarded),
+    )
+
+
+def locks_before_update(job_ids: Sequence[int]) -> Any:
+    """A CTE taking the sequence locks of these jobs; an UPDATE referencing it runs after.
+
+    Finishing paths take sequence locks before any row lock, in the order inserters do,
+    so the two never deadlock.
+    """
+    ids = select(func.unnest(bindparam("sa_jobs_locking", list(job_ids), type_=ARRAY(Integer))))
+    return _lock_keys_of(ids).cte("sequence_locks")
+
+
+def _lock_keys_of(ids: Select[Any]) -> Select[Any]:
+    locked = (
+        select(_lock_id_sql(Job.sequence_key).label("n"))
+        .where(Job.id.in_(ids), Job.sequence_key.is_not(None))
+        .distinct()
+        .subquery("sequence_lock_numbers")
+    )
+    ordered = select(locked.c.n).order_by(locked.c.n).subquery("ordered_lock_numbers")
+    return select(func.count(func.pg_advisory_xact_lock(LOCK_CLASS, ordered.c.n)))
+
+
+def _promote_next(released: Any) -> Select[int, Any]:
+    """Give each released sequence's slot to its lowest pending job; notify queues."""
+    pending = job_table.alias("next_pending")
+    next_id = (
+        select(pending.c.id)
+        .where(
+            pending.c.sequence_key == released.c.sequence_key,
+            pending.c.sequence_key.is_not(None),
+            pending.c.state == JobState.PENDING,
+        )
+        .order_by(pending.c.id)
+        .limit(1)
+        .correlate(released)
+        .scalar_subquery()
+    )
+    promoted = (
+        update(Job)
+        .where(Job.id.in_(select(next_id).select_from(released)))
+        .values(
+            state=sql_cast(
+                case(
+                    (Job.scheduled_at > func.now(), JobState.SCHEDULED.value),
+                    else_=JobState.AVAILABLE.value,
+                ),
+                job_state_type,
+            ),
+            sequence_slot=True,
+        )
+        .returning(Job.queue, Job.state)
+        .cte("promoted_in_sequence")
+    )
+    return select(
+        func.count(),
+        func.max(
+            case(
+                (
+                    promoted.c.state == JobState.AVAILABLE,
+                    func.pg_notify(INSERT_CHANNEL, promoted.c.queue).cast(Text),
+                ),
+            )
+        ),
+    ).select_from(promoted)
+
+
+def jobs_advance_sequences(job_ids: Sequence[int]) -> Select[int, Any]:
+    """Release the slots of these jobs where they finished without halting, and promote."""
+    ids = select(func.unnest(bindparam("sa_jobs_finished", list(job_ids), type_=ARRAY(Integer))))
+    released = (
+        update(Job)
+        .where(Job.id.in_(ids), Job.sequence_slot, _passes_slot_on())
+        .values(sequence_slot=False)
+        .returning(Job.sequence_key)
+        .cte("released_slots")
+    )
+    return _promote_next(released)
+
+
+def advance_sequences(connection: Connection, job_ids: Sequence[int]) -> int:
+    """After jobs finished in this transaction: pass their sequences on. Returns promotions.
+
+    Takes the sequences' advisory locks first, so an inserter that saw the holder
+    still active has committed its waiting job before we look for the next one.
+    """
+    if not job_ids:
+        return 0
+    ids = select(func.unnest(bindparam("sa_jobs_finished", list(job_ids), type_=ARRAY(Integer))))
+    connection.execute(_lock_keys_of(ids))
+    promoted, _ = connection.execute(jobs_advance_sequences(job_ids)).one()
+    return int(promoted)
+
+
+# --------------------------------------------------------------------------- repair
+
+
+def jobs_stalled_sequences(limit: int) -> Select[Any]:
+    """Ids of the lowest pending job of sequences that have waiting jobs and no holder."""
+    holder = job_table.alias("holder")
+    waiting = job_table.alias("waiting")
+    stalled = (
+        select(func.min(waiting.c.id).label("id"))
+        .where(
+            waiting.c.sequence_key.is_not(None),
+            waiting.c.state == JobState.PENDING,
+            ~exists().where(
+                holder.c.sequence_key == waiting.c.sequence_key,
+                holder.c.sequence_key.is_not(None),
+                holder.c.sequence_slot,
+            ),
+        )
+        .group_by(waiting.c.sequence_key)
+        .limit(limit)
+    )
+    return stalled
+
+
+class SequencePromoter:
+    """The maintenance pass that restarts stalled sequences."""
+
+    def __init__(self, limit: int = 1000) -> None:
+        self.limit = limit
+
+    def run_once(self, connection: Connection) -> int:
+        """Returns the number of sequences restarted."""
+        candidates = [row.id for row in connection.execute(jobs_stalled_sequences(self.limit))]
+        if not candidates:
+            return 0
+        ids = select(func.unnest(bindparam("sa_jobs_stalled", candidates, type_=ARRAY(Integer))))
+        connection.execute(_lock_keys_of(ids))
+        # Under the locks, with a fresh snapshot: take only sequences still without holder.
+        stalled = jobs_stalled_sequences(self.limit).subquery("still_stalled")
+        keys = select(Job.sequence_key).where(Job.id.in_(select(stalled.c.id))).cte("stalled_keys")
+        promoted, _ = connection.execute(_promote_next(keys)).one()
+        return int(promoted)
+
+
+# --------------------------------------------------------------------------- retrying
+
+
+def retry_values(connection: Connection, job_id: int) -> dict[str, Any]:
+    """What a manual retry of this job must also set to respect its sequence.
+
+    The job holding the slot (the halted one) keeps it: the sequence resumes from it.
+    Another job takes the slot if nobody active holds it — moving it off a halted job,
+    which skips that job — and otherwise waits its turn as ``pending``.
+    """
+    row = connection.execute(
+        select(Job.sequence_key, Job.sequence_slot).where(Job.id == job_id)
+    ).one_or_none()
+    if row is None or row.sequence_key is None or row.sequence_slot:
+        return {}
+    hex_key = "\\x" + bytes(row.sequence_key).hex()
+    connection.execute(lock_sequence_keys([hex_key]))
+    holder = connection.execute(
+        select(Job.id, Job.state).where(
+            Job.sequence_key == row.sequence_key, Job.sequence_key.is_not(None), Job.sequence_slot
+        )
+    ).one_or_none()
+    if holder is not None and holder.state in FINAL_STATES:
+        connection.execute(update(Job).where(Job.id == holder.id).values(sequence_slot=False))
+        holder = None
+    if holder is None:
+        return {"sequence_slot": True}
+    return {"state": JobState.PENDING}
