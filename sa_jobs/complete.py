@@ -197,7 +197,7 @@ def complete_in(session: Session, job: Job) -> None:
     handler's database effects and its job's completion happen exactly once together.
     If the job is in a sequence, the next job of the sequence is made available in the
     same transaction.
-    Completing a job that is already completed is a no-op (the worker's own completion
+    Completing a job that this attempt already completed is a no-op (the worker's own completion
     after this one does nothing either).
 
     Raises:
@@ -216,7 +216,7 @@ def complete_in(session: Session, job: Job) -> None:
     if current is None:
         raise JobNotFoundError(job.id)
     state, attempt = current
-    if state is JobState.COMPLETED:
+    if state is JobState.COMPLETED and attempt == job.attempt:
         return
     if state is JobState.RUNNING:
         raise JobStateError(

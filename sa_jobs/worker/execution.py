@@ -241,6 +241,8 @@ async def run_async(execution: Execution, async_engine: Callable[[], AsyncEngine
                 claimed = execution.try_finish()
                 if not claimed:
                     raise _Superseded
+                if execution.interrupt_reason is Interrupt.TIMEOUT:
+                    raise JobTimeoutError(execution.job.id)
                 await session.run_sync(complete_in, execution.job)
             execution.settle(None)
             return
