@@ -10,27 +10,31 @@ from sa_jobs import errors
 from sa_jobs.args import ArgsConverter, KindRegistry, field, job_args
 from sa_jobs.complete import complete_in
 from sa_jobs.control import cancel_job, retry_job
+from sa_jobs.enqueue import enqueue
 from sa_jobs.errors import SaJobsError
 from sa_jobs.insert import (
+    InsertAction,
     InsertManyParams,
     InsertResult,
-    enqueue,
     insert,
     insert_job,
     insert_many,
 )
+from sa_jobs.job_key import remove_job
 from sa_jobs.models import Job, JobState, metadata
-from sa_jobs.options import InsertOpts, SequenceOpts, UniqueOpts
+from sa_jobs.options import InsertOpts, JobKeyMode, SequenceOpts, UniqueOpts
 from sa_jobs.schema import downgrade, migrate
 from sa_jobs.worker import ExponentialRetry, MaintenanceConfig, Retention, RetryPolicy, Worker
 
 __all__ = [
     "ArgsConverter",
     "ExponentialRetry",
+    "InsertAction",
     "InsertManyParams",
     "InsertOpts",
     "InsertResult",
     "Job",
+    "JobKeyMode",
     "JobState",
     "KindRegistry",
     "MaintenanceConfig",
@@ -52,5 +56,6 @@ __all__ = [
     "job_args",
     "metadata",
     "migrate",
+    "remove_job",
     "retry_job",
 ]

@@ -271,17 +271,31 @@ class KindDefaults:
 
 @attrs.frozen
 class JobKind:
-    """A registered kind: its name, its args class, its defaults and its converter."""
+    """A registered kind: its name, its args class, its defaults and its converter.
+
+    With ``list_field`` (``job_args(list_payload=True)``) the stored payload is that one
+    field's list itself, a JSON array, so job keys can merge payloads (Graphile's array
+    payload merging).
+    """
 
     name: str
     args_class: type
     defaults: KindDefaults
     converter: ArgsConverter
+    list_field: str | None = None
 
-    def encode(self, args: object) -> dict[str, Any]:
-        return self.converter.to_json(args)
+    def encode(self, args: object) -> Any:
+        data = self.converter.to_json(args)
+        return data[self.list_field] if self.list_field is not None else data
 
     def decode(self, data: Any) -> Any:
+        if self.list_field is not None:
+            if not isinstance(data, list):
+                raise InvalidJobArgsError(
+                    f"stored args of kind {self.name!r} must be a JSON array (the class "
+                    f"declares list_payload=True), got {type(data).__name__}"
+                )
+            data = {self.list_field: data}
         return self.converter.from_json(self.args_class, data)
 
 
@@ -383,6 +397,7 @@ def job_args(
     converter: ArgsConverter | None = None,
     registry: KindRegistry | None = None,
     frozen: bool = True,
+    list_payload: bool = False,
 ) -> Callable[[type[T]], type[T]]:
     """Declare a job args class.
 
@@ -402,6 +417,9 @@ def job_args(
         converter: Converter for this kind's args; the shared default if omitted.
         registry: Registry to record the kind in; the default registry if omitted.
         frozen: Make instances immutable (recommended: args are values).
+        list_payload: The class has exactly one field, a list, and the stored payload is
+            that list (a JSON array) rather than an object: adding a job with the key of
+            a job whose payload is also an array concatenates the two.
     """
     from sa_jobs.options import check_tags, check_timeout, validate_kind_defaults
 
@@ -426,6 +444,7 @@ def job_args(
             args_class=attrs_cls,
             defaults=defaults,
             converter=converter or default_converter,
+            list_field=_list_field(attrs_cls) if list_payload else None,
         )
         (registry or default_registry).register(job_kind)
         # type.__setattr__ works on frozen attrs classes too.
@@ -433,6 +452,16 @@ def job_args(
         return attrs_cls
 
     return decorate
+
+
+def _list_field(cls: type) -> str:
+    fields = attrs.fields(cls)
+    if len(fields) != 1:
+        raise InvalidJobArgsError(
+            f"{cls.__qualname__} declares list_payload=True, so it must have exactly one "
+            f"field (the list); it has {len(fields)}"
+        )
+    return str(fields[0].name)
 
 
 def check_kind_name(kind: object) -> None:

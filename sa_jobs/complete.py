@@ -41,7 +41,7 @@ from sqlalchemy.sql.dml import ReturningUpdate
 
 from sa_jobs.errors import JobNotFoundError, JobStateError
 from sa_jobs.models import FINAL_STATES, Job, JobState, job_state_type
-from sa_jobs.schema import SEQUENCE_BRANCH, branches_of
+from sa_jobs.schema import JOB_KEY_BRANCH, SEQUENCE_BRANCH, branches_of
 from sa_jobs.sequence import advance_sequences, locks_before_update
 
 __all__ = ["Outcome", "complete_in", "error_record", "jobs_finish"]
@@ -49,6 +49,9 @@ __all__ = ["Outcome", "complete_in", "error_record", "jobs_finish"]
 #: Set in a job's metadata by ``cancel_job`` on a running job: whatever the run ends as
 #: (short of completing), the job ends ``cancelled``.
 CANCEL_ATTEMPTED_KEY = "cancel_attempted_at"
+#: Set in a job's metadata when a new add took the job key of this (running) job: it
+#: finishes, but never runs again.
+JOB_KEY_REPLACED_KEY = "job_key_replaced_at"
 
 
 class Ending(enum.StrEnum):
@@ -103,7 +106,7 @@ _OUTCOME_COLUMNS = (
 
 
 def jobs_finish(
-    outcomes: Sequence[Outcome], *, sequence: bool = False
+    outcomes: Sequence[Outcome], *, sequence: bool = False, job_key: bool = False
 ) -> ReturningUpdate[int, JobState]:
     """One ``UPDATE`` that writes every outcome; returns ``(id, new state)`` of rows it changed.
 
@@ -111,6 +114,7 @@ def jobs_finish(
     is discarded; anything short of completion on a job someone tried to cancel ends
     cancelled. With ``sequence`` (the branch is installed) the jobs' sequence locks are
     taken first; follow with :func:`finish_in` or :func:`~sa_jobs.sequence.advance_sequences`.
+    With ``job_key``, a job that completes or is cancelled releases its key.
     """
     source = (
         func.jsonb_to_recordset(
@@ -121,10 +125,17 @@ def jobs_finish(
     )
     ending = source.c.ending
     cancel_requested = Job.metadata_.has_key(CANCEL_ATTEMPTED_KEY)
+    # A running job whose job key a new add took never runs again, not even by a snooze
+    # or a shutdown that would otherwise give its attempt back.
+    replaced = and_(
+        Job.metadata_.has_key(JOB_KEY_REPLACED_KEY),
+        ending.in_([Ending.SNOOZED.value, Ending.RETURNED.value]),
+    )
     next_state = case(
         (ending == Ending.COMPLETED.value, JobState.COMPLETED.value),
         (ending == Ending.CANCELLED.value, JobState.CANCELLED.value),
         (cancel_requested, JobState.CANCELLED.value),
+        (replaced, JobState.DISCARDED.value),
         (ending == Ending.SNOOZED.value, JobState.SCHEDULED.value),
         (ending == Ending.RETURNED.value, JobState.AVAILABLE.value),
         (Job.attempt >= Job.max_attempts, JobState.DISCARDED.value),
@@ -163,10 +174,17 @@ def jobs_finish(
                 (and_(gives_attempt_back, Job.max_attempts < 32767), Job.max_attempts + 1),
                 else_=Job.max_attempts,
             ),
+            **(_release_job_key(next_state) if job_key else {}),
         )
         .returning(Job.id, Job.state)
     )
     return statement
+
+
+def _release_job_key(next_state: Any) -> dict[str, Any]:
+    # Graphile deletes completed jobs, freeing their key; we keep the row and free the key.
+    released = [JobState.COMPLETED.value, JobState.CANCELLED.value]
+    return {"job_key": case((next_state.in_(released), null()), else_=Job.job_key)}
 
 
 def _outcome_json(outcome: Outcome) -> dict[str, Any]:
@@ -181,8 +199,10 @@ def _outcome_json(outcome: Outcome) -> dict[str, Any]:
 
 def finish_in(connection: Connection, outcomes: Sequence[Outcome]) -> list[tuple[int, JobState]]:
     """Write outcomes in the connection's transaction, and move sequences on with them."""
-    sequence = SEQUENCE_BRANCH in branches_of(connection)
-    rows = connection.execute(jobs_finish(outcomes, sequence=sequence)).all()
+    branches = branches_of(connection)
+    sequence = SEQUENCE_BRANCH in branches
+    finish = jobs_finish(outcomes, sequence=sequence, job_key=JOB_KEY_BRANCH in branches)
+    rows = connection.execute(finish).all()
     changed = [(int(job_id), JobState(state)) for job_id, state in rows]
     if sequence:
         finished = [job_id for job_id, state in changed if state in FINAL_STATES]

@@ -25,7 +25,7 @@ from sa_jobs.models import (
     job_table,
     unique_index,
 )
-from sa_jobs.schema import CONTROL_CHANNEL, SEQUENCE_BRANCH, branches_of
+from sa_jobs.schema import CONTROL_CHANNEL, JOB_KEY_BRANCH, SEQUENCE_BRANCH, branches_of
 
 __all__ = ["cancel_job", "retry_job"]
 
@@ -43,24 +43,32 @@ def cancel_job(session: Session, job_id: int) -> Job:
     Raises:
         JobNotFoundError: no such job.
     """
+    connection = session.connection()
+    branches = branches_of(connection)
+    if SEQUENCE_BRANCH in branches:
+        # Sequence locks before row locks, in the order inserters take them.
+        sequence.lock_sequences_of_jobs(connection, [job_id])
     running = Job.state == JobState.RUNNING
+    values: dict[str, Any] = {
+        "state": case((running, Job.state), else_=literal(JobState.CANCELLED, job_state_type)),
+        "finalized_at": case((running, null()), else_=func.now()),
+        "metadata_": Job.metadata_.op("||")(
+            func.jsonb_build_object(CANCEL_ATTEMPTED_KEY, func.now())
+        ),
+    }
+    if JOB_KEY_BRANCH in branches:
+        values["job_key"] = case((running, Job.job_key), else_=null())
     statement = (
         update(Job)
         .where(Job.id == job_id, Job.state.not_in(_FINAL))
-        .values(
-            state=case((running, Job.state), else_=literal(JobState.CANCELLED, job_state_type)),
-            finalized_at=case((running, null()), else_=func.now()),
-            metadata_=Job.metadata_.op("||")(
-                func.jsonb_build_object(CANCEL_ATTEMPTED_KEY, func.now())
-            ),
-        )
+        .values(values)
         .returning(Job.id, Job.state)
     )
     changed = session.execute(statement).one_or_none()
     if changed is not None and changed.state is JobState.RUNNING:
         session.execute(select(func.pg_notify(CONTROL_CHANNEL, json.dumps({"cancel": job_id}))))
-    elif changed is not None and SEQUENCE_BRANCH in branches_of(session.connection()):
-        sequence.advance_sequences(session.connection(), [job_id])
+    elif changed is not None and SEQUENCE_BRANCH in branches:
+        sequence.advance_sequences(connection, [job_id])
     return _reload(session, job_id)
 
 

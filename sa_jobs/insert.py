@@ -19,8 +19,9 @@ identical notifications within a transaction, so a transaction notifies each que
 from __future__ import annotations
 
 import datetime as dt
+import enum
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -36,10 +37,8 @@ from sqlalchemy import (
     bindparam,
     case,
     column,
-    event,
     false,
     func,
-    inspect,
     literal_column,
     not_,
     null,
@@ -50,19 +49,24 @@ from sqlalchemy import cast as sql_cast
 from sqlalchemy import false as sql_false
 from sqlalchemy.dialects.postgresql import ARRAY, BIT, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.orm import Session, UOWTransaction
+from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Insert
 
 from sa_jobs.args import (
     JobKind,
-    KindDefaults,
-    check_json_document,
-    check_kind_name,
-    default_registry,
     encode_args,
 )
-from sa_jobs.models import CORE_COLUMNS, Job, JobState, job_state_type, unique_index
-from sa_jobs.options import InsertOpts, ResolvedInsert
+from sa_jobs.errors import InvalidOptionsError
+from sa_jobs.job_key import detach_running_holders, insert_keyed, keyed_upsert
+from sa_jobs.models import (
+    CORE_COLUMNS,
+    EXISTED_COLUMN,
+    Job,
+    JobState,
+    job_state_type,
+    unique_index,
+)
+from sa_jobs.options import InsertOpts, JobKeyMode, ResolvedInsert
 from sa_jobs.schema import translate_missing_schema
 from sa_jobs.sequence import lock_sequence_keys, sequence_values, waits_in_sequence
 from sa_jobs.unique import fold_duplicates, release_expired_locks, unique_values
@@ -70,15 +74,26 @@ from sa_jobs.unique import fold_duplicates, release_expired_locks, unique_values
 __all__ = [
     "InsertManyParams",
     "InsertResult",
-    "enqueue",
     "insert",
     "insert_job",
     "insert_many",
     "jobs_insert",
 ]
 
-#: The label of the extra boolean column every insert returns.
-SKIPPED_COLUMN = "unique_skipped_as_duplicate"
+SKIPPED_COLUMN = EXISTED_COLUMN
+
+
+class InsertAction(enum.StrEnum):
+    """What an insert did."""
+
+    #: A new job was written.
+    INSERTED = "inserted"
+    #: A unique job already existed; nothing was written.
+    SKIPPED_DUPLICATE = "skipped_duplicate"
+    #: A job key's existing job was replaced (``replace`` or ``preserve_run_at``).
+    REPLACED = "replaced"
+    #: A job key's existing job was returned untouched (``unsafe_dedupe``).
+    DEDUPLICATED = "deduplicated"
 
 
 @attrs.frozen
@@ -86,12 +101,16 @@ class InsertResult:
     """What an insert did.
 
     Attributes:
-        job: The inserted job, or the existing one when the insert was skipped.
-        unique_skipped_as_duplicate: True when an existing job made this insert a no-op.
+        job: The inserted job, or the existing one it met.
+        unique_skipped_as_duplicate: True when an existing unique job made this insert a
+            no-op (River's flag; the same as ``action is SKIPPED_DUPLICATE``).
+        action: Inserted, skipped as a duplicate, or — with a job key — replaced or
+            deduplicated.
     """
 
     job: Job
     unique_skipped_as_duplicate: bool = False
+    action: InsertAction = InsertAction.INSERTED
 
 
 @attrs.frozen
@@ -125,6 +144,9 @@ def _row_from(
     if kind is not None:
         row.update(unique_values(kind, args_json, resolved, dt.datetime.now(dt.UTC)))
         row.update(sequence_values(kind, args_json, resolved))
+    if resolved.job_key is not None:
+        row["job_key"] = resolved.job_key
+        row["job_key_mode"] = resolved.job_key_mode.value
     return row
 
 
@@ -161,6 +183,7 @@ _ROW_COLUMNS = (
     column("sequence_key", LargeBinary),
     column("sequence_continue_on_cancelled", Boolean),
     column("sequence_continue_on_discarded", Boolean),
+    column("job_key", Text),
 )
 
 _INSERTED_COLUMNS = (
@@ -176,7 +199,12 @@ _INSERTED_COLUMNS = (
 )
 
 
-def jobs_insert(rows: Sequence[dict[str, Any]], *, lock_sequences: bool = False) -> Insert:
+def jobs_insert(
+    rows: Sequence[dict[str, Any]],
+    *,
+    lock_sequences: bool = False,
+    job_key_mode: JobKeyMode | None = None,
+) -> Insert:
     """The one statement that inserts jobs: any number of rows, one bound parameter.
 
     ``rows`` come from :func:`build_rows`; rows sharing a unique key must have been
@@ -190,8 +218,12 @@ def jobs_insert(rows: Sequence[dict[str, Any]], *, lock_sequences: bool = False)
     :func:`insert_job`), which keeps the one-active-job guarantee but, under contention,
     may end in a unique violation rather than a waiting job.
 
-    A statement without unique or sequenced rows touches only core columns, so it works
-    on a database that has only the core branch.
+    With ``job_key_mode`` every row has a distinct job key and the statement is one
+    round of a keyed add (:mod:`sa_jobs.job_key`): it returns a row only for jobs it
+    inserted or met, plus the ``job_key`` column to match them up.
+
+    A statement without unique, sequenced or keyed rows touches only core columns, so it
+    works on a database that has only the core branch.
     """
     numbered = [{"ord": index, **row} for index, row in enumerate(rows)]
     source = (
@@ -247,6 +279,11 @@ def jobs_insert(rows: Sequence[dict[str, Any]], *, lock_sequences: bool = False)
         if lock_sequences:
             keys = [row["sequence_key"] for row in rows if row.get("sequence_key")]
             ctes.append(lock_sequence_keys(keys).cte("sequence_locks"))
+    if job_key_mode is not None:
+        values.append(source.c.job_key)
+        columns.append("job_key")
+        if job_key_mode is not JobKeyMode.UNSAFE_DEDUPE:
+            ctes.append(detach_running_holders(source))
     rows_select = select(*values).order_by(source.c.ord)
     for cte in ctes:
         # Referencing a data-modifying or locking CTE makes it run before the rows do.
@@ -256,6 +293,8 @@ def jobs_insert(rows: Sequence[dict[str, Any]], *, lock_sequences: bool = False)
     statement = pg_insert(Job).from_select(columns, rows_select)
     for cte in ctes:
         statement = statement.add_cte(cte)
+    if job_key_mode is not None:
+        return keyed_upsert(statement, job_key_mode)
     if not unique:
         return statement.returning(*CORE_COLUMNS, sql_false().label(SKIPPED_COLUMN))
     # River's trick: a no-op update makes the existing row come back from RETURNING,
@@ -281,8 +320,21 @@ def insert_job(args: object, opts: InsertOpts | None = None, **options: Any) -> 
     Options are those of :class:`~sa_jobs.options.InsertOpts`, as an instance or as
     keywords. Executing the statement returns one row: the job's columns and
     ``unique_skipped_as_duplicate``.
+
+    Raises:
+        InvalidOptionsError: with a ``job_key``: a keyed add may need a second round when
+            a worker starts the existing job mid-statement, which one statement cannot
+            do; use :func:`insert` or :func:`enqueue`.
     """
-    return jobs_insert(build_rows([(args, _opts(opts, options))]), lock_sequences=True)
+    rows = build_rows([(args, _opts(opts, options))])
+    if rows[0].get("job_key") is not None:
+        raise InvalidOptionsError(
+            "job_key",
+            "insert_job() returns one statement, and a keyed add must be able to run a "
+            "second round when a worker starts the existing job mid-statement; use "
+            "sa_jobs.insert() or sa_jobs.enqueue() for job keys",
+        )
+    return jobs_insert(rows, lock_sequences=True)
 
 
 def insert(
@@ -307,7 +359,8 @@ def insert_many(
 
     ``items`` are job args instances (which take ``opts``/keywords) or
     :class:`InsertManyParams` carrying their own options. Everything is validated before
-    the first statement is sent.
+    the first statement is sent. Duplicates of one unique key in a batch are folded (the
+    first wins); repeats of one job key are applied in order, as separate adds would be.
     """
     shared = _opts(opts, options)
     pairs = [
@@ -315,31 +368,92 @@ def insert_many(
         for item in items
     ]
     rows = build_rows(pairs)
-    results: list[InsertResult] = []
-    for start in range(0, len(rows), batch_size):
-        sent, answers = fold_duplicates(rows[start : start + batch_size])
-        statement = (
-            select(Job, column(SKIPPED_COLUMN, Boolean))
-            .from_statement(jobs_insert(sent))
-            .execution_options(populate_existing=True)
+
+    def run(statement: Insert, keyed: bool) -> list[Any]:
+        extra = [column("job_key", Text)] if keyed else []
+        loading = select(Job, column(SKIPPED_COLUMN, Boolean), *extra)
+        returned = session.execute(
+            loading.from_statement(statement).execution_options(populate_existing=True)
         )
-        with translate_missing_schema():
-            lock_sequences_of(session.connection(), sent)
-            returned = session.execute(statement).all()
-        for position, answer in enumerate(answers):
-            job, skipped = returned[answer]
-            # A row folded into an earlier one of the same batch is that one's duplicate.
-            folded = answers.index(answer) != position
-            results.append(InsertResult(job, bool(skipped) or folded))
+        return list(returned.all())
+
+    written = write_rows(session.connection(), rows, run, batch_size=batch_size)
+    results = [
+        InsertResult(r[0], action is InsertAction.SKIPPED_DUPLICATE, action)
+        for r, action in written
+    ]
     _attach_args(results, pairs)
     return results
+
+
+def write_rows(
+    connection: Connection,
+    rows: Sequence[dict[str, Any]],
+    run: Callable[[Insert, bool], list[Any]],
+    *,
+    batch_size: int = 10_000,
+) -> list[tuple[Any, InsertAction]]:
+    """Write validated rows in the connection's transaction; one result per row, in order.
+
+    ``run(statement, keyed)`` executes a statement and returns its rows as sequences of
+    the job, the ``unique_skipped_as_duplicate`` flag and, for keyed statements, the key.
+    Consecutive rows of one kind of add (plain, unique or sequenced; or keyed with one
+    mode) go together, so ids follow input order.
+    """
+    results: list[tuple[Any, InsertAction]] = []
+    with translate_missing_schema():
+        for mode, group in itertools.groupby(rows, key=_keyed_mode):
+            batch = list(group)
+            if mode is None:
+                results.extend(_write_plain(connection, batch, run, batch_size))
+            else:
+                results.extend(_write_keyed(batch, JobKeyMode(mode), run))
+    return results
+
+
+def _keyed_mode(row: dict[str, Any]) -> str | None:
+    return row.get("job_key_mode") if row.get("job_key") is not None else None
+
+
+def _write_plain(
+    connection: Connection,
+    rows: Sequence[dict[str, Any]],
+    run: Callable[[Insert, bool], list[Any]],
+    batch_size: int,
+) -> list[tuple[Any, InsertAction]]:
+    results = []
+    for start in range(0, len(rows), batch_size):
+        sent, answers = fold_duplicates(rows[start : start + batch_size])
+        lock_sequences_of(connection, sent)
+        returned = run(jobs_insert(sent), False)
+        for position, answer in enumerate(answers):
+            row = returned[answer]
+            # A row folded into an earlier one of the same batch is that one's duplicate.
+            duplicate = bool(row[1]) or answers.index(answer) != position
+            results.append(
+                (row, InsertAction.SKIPPED_DUPLICATE if duplicate else InsertAction.INSERTED)
+            )
+    return results
+
+
+def _write_keyed(
+    rows: Sequence[dict[str, Any]], mode: JobKeyMode, run: Callable[[Insert, bool], list[Any]]
+) -> list[tuple[Any, InsertAction]]:
+    met = InsertAction.DEDUPLICATED if mode is JobKeyMode.UNSAFE_DEDUPE else InsertAction.REPLACED
+    returned = insert_keyed(
+        rows,
+        mode,
+        run_round=lambda batch, m: run(jobs_insert(batch, job_key_mode=m), True),
+        key_of=lambda row: row[2],
+    )
+    return [(row, met if row[1] else InsertAction.INSERTED) for row in returned]
 
 
 def _attach_args(results: Sequence[InsertResult], pairs: Sequence[tuple[object, Any]]) -> None:
     # The caller already holds the args instances; spare job.args a decode.
     for result, (args, _) in zip(results, pairs, strict=True):
-        if not result.unique_skipped_as_duplicate:
-            result.job.__dict__["_sa_jobs_args"] = args
+        if result.action is InsertAction.INSERTED:
+            result.job.remember_args(args)
 
 
 def _opts(opts: InsertOpts | None, options: dict[str, Any]) -> InsertOpts:
@@ -348,93 +462,3 @@ def _opts(opts: InsertOpts | None, options: dict[str, Any]) -> InsertOpts:
     if options:
         return InsertOpts(**options)
     return opts if opts is not None else InsertOpts()
-
-
-# --------------------------------------------------------------------------- session.add
-
-
-def enqueue(args: object, opts: InsertOpts | None = None, **options: Any) -> Job:
-    """Return a new :class:`Job` for ``session.add``; it is inserted at the next flush.
-
-    Args and options are validated now. Nothing is written until the session flushes,
-    and a rollback leaves no job. After the flush, ``job.id`` and every column are
-    set from the row the database wrote.
-    """
-    insert_opts = _opts(opts, options)
-    kind, args_json = encode_args(args)
-    row = _job_row(kind, args_json, insert_opts)
-    job = Job(
-        kind=row["kind"],
-        args_json=row["args"],
-        queue=row["queue"],
-        priority=row["priority"],
-        max_attempts=row["max_attempts"],
-        tags=row["tags"],
-        metadata_=row["metadata"],
-        scheduled_at=insert_opts.scheduled_at,
-    )
-    job.__dict__["_sa_jobs_args"] = args
-    job.__dict__["_sa_jobs_row"] = row
-    job.__dict__["_sa_jobs_order"] = next(_enqueue_order)
-    return job
-
-
-# Orders a flush's pending jobs as they were enqueued, so ids follow program order.
-_enqueue_order = itertools.count()
-
-
-def _pending_row(job: Job) -> dict[str, Any]:
-    row = job.__dict__.get("_sa_jobs_row")
-    if row is not None:
-        return dict(row)
-    # A Job built by hand (say, for a kind another service handles): validate its
-    # attributes like any other insert and fill in what it leaves out.
-    opts = InsertOpts(
-        queue=job.queue,
-        priority=job.priority,
-        max_attempts=job.max_attempts,
-        tags=job.tags,
-        metadata=job.metadata_,
-        scheduled_at=job.scheduled_at,
-    )
-    registered = default_registry.get(job.kind) if job.kind in default_registry else None
-    defaults = registered.defaults if registered is not None else KindDefaults()
-    check_kind_name(job.kind)
-    args_json = job.args_json if job.args_json is not None else {}
-    check_json_document(args_json, f"job of kind {job.kind!r}")
-    return _row_from(registered, job.kind, args_json, opts.resolve(defaults))
-
-
-@event.listens_for(Session, "before_flush")
-def _insert_pending_jobs(session: Session, _flush: UOWTransaction, _objects: Any) -> None:
-    """Insert the flush's pending jobs through :func:`jobs_insert` instead of the ORM."""
-    pending = [obj for obj in session.new if isinstance(obj, Job)]
-    if not pending:
-        return
-    pending.sort(key=lambda job: job.__dict__.get("_sa_jobs_order", -1))
-    sent, answers = fold_duplicates([_pending_row(job) for job in pending])
-    with translate_missing_schema():
-        lock_sequences_of(session.connection(), sent)
-        returned = session.connection().execute(jobs_insert(sent)).mappings().all()
-    for position, (job, answer) in enumerate(zip(pending, answers, strict=True)):
-        _become_row(session, job, returned[answer], folded=answers.index(answer) != position)
-
-
-def _become_row(session: Session, job: Job, row: Any, *, folded: bool) -> None:
-    for attribute in Job.__mapper__.column_attrs:
-        name = attribute.columns[0].name
-        if name in row:
-            setattr(job, attribute.key, row[name])
-    job.unique_skipped_as_duplicate = bool(row[SKIPPED_COLUMN]) or folded
-    job.__dict__.pop("_sa_jobs_row", None)
-    state = inspect(job)
-    key = Job.__mapper__.identity_key_from_primary_key((job.id,))
-    if key in session.identity_map:
-        # The row is already represented in this session (a duplicate of a job loaded
-        # earlier): keep that object canonical and leave this one detached.
-        session.expunge(job)
-        return
-    # What the unit of work does for a flushed pending object: give it its identity key,
-    # put it in the identity map, reset attribute history, and record it as new in the
-    # transaction so that a rollback expunges it like any other flushed object.
-    session._register_persistent({state})

@@ -152,6 +152,11 @@ class Job(Base):
         Boolean, server_default=text("false"), deferred=True
     )
 
+    # -- job keys (the sa_jobs_job_key branch), deferred like the other feature columns.
+    #: Graphile Worker's job key: at most one job holds it. Cleared when the job completes
+    #: or is cancelled, and taken from a running job that a new add replaces.
+    job_key: Mapped[str | None] = mapped_column(Text, deferred=True)
+
     __table_args__ = (
         CheckConstraint("priority BETWEEN 1 AND 4", name="priority"),
         CheckConstraint("max_attempts > 0", name="max_attempts"),
@@ -200,13 +205,26 @@ class Job(Base):
     unique_skipped_as_duplicate: bool = False
 
     @property
+    def insert_action(self) -> Any:
+        """After ``session.add(enqueue(...))`` and a flush: what the insert did (an
+        ``sa_jobs.InsertAction``); None for jobs loaded from the database."""
+        return self.__dict__.get("_sa_jobs_insert_action")
+
+    @property
     def args(self) -> Any:
         """The job args instance (an instance of the class registered for ``kind``)."""
+        stored = self.args_json
         cached = self.__dict__.get("_sa_jobs_args")
-        if cached is None:
-            cached = self.job_kind.decode(self.args_json)
+        # The cache belongs to the stored JSON it was made from: a refresh or a job-key
+        # replace brings new JSON, and with it a new decode.
+        if cached is None or cached[0] is not stored:
+            cached = (stored, self.job_kind.decode(stored))
             self.__dict__["_sa_jobs_args"] = cached
-        return cached
+        return cached[1]
+
+    def remember_args(self, args: object) -> None:
+        """Record that ``args`` is what :attr:`args_json` decodes to (saves a decode)."""
+        self.__dict__["_sa_jobs_args"] = (self.args_json, args)
 
     @property
     def job_kind(self) -> JobKind:
@@ -287,7 +305,19 @@ sequence_pending_index = Index(
     ),
 )
 
-_FEATURE_PREFIXES = ("unique_", "sequence_")
+#: At most one job per job key.
+job_key_index = Index(
+    "sa_job_job_key_idx",
+    job_table.c.job_key,
+    unique=True,
+    postgresql_where=job_table.c.job_key.is_not(None),
+)
+
+_FEATURE_PREFIXES = ("unique_", "sequence_", "job_key")
+
+#: The boolean every insert statement returns beside the job's columns: true when the
+#: statement met an existing job (a unique duplicate, or a job key's holder).
+EXISTED_COLUMN = "unique_skipped_as_duplicate"
 #: The columns every installation has; the insert and fetch paths return only these.
 CORE_COLUMNS = tuple(c for c in job_table.c if not c.name.startswith(_FEATURE_PREFIXES))
 

@@ -8,6 +8,7 @@ SQL is sent, so bad input never leaves a half-written batch behind.
 from __future__ import annotations
 
 import datetime as dt
+import enum
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ __all__ = [
     "DEFAULT_UNIQUE_STATES",
     "REQUIRED_UNIQUE_STATES",
     "InsertOpts",
+    "JobKeyMode",
     "ResolvedInsert",
     "SequenceOpts",
     "UniqueOpts",
@@ -309,6 +311,46 @@ def check_sequence(sequence: object) -> SequenceOpts:
     return sequence
 
 
+# --------------------------------------------------------------------------- job keys
+
+MAX_JOB_KEY_LENGTH = 512
+
+
+class JobKeyMode(enum.StrEnum):
+    """What adding a job does to an existing job with the same key."""
+
+    #: Overwrite the unlocked job with the new values (a debounce with ``scheduled_at``).
+    REPLACE = "replace"
+    #: Overwrite it but keep its ``scheduled_at`` (a throttle / fixed batching window).
+    PRESERVE_RUN_AT = "preserve_run_at"
+    #: Return the existing job untouched, even running or failed. Dangerous: the add
+    #: may cause no work at all.
+    UNSAFE_DEDUPE = "unsafe_dedupe"
+
+
+def check_job_key(job_key: object) -> str:
+    if not isinstance(job_key, str) or not job_key:
+        raise InvalidOptionsError("job_key", f"must be a non-empty string, got {job_key!r}")
+    if len(job_key) > MAX_JOB_KEY_LENGTH:
+        raise InvalidOptionsError(
+            "job_key", f"is {len(job_key)} characters; the limit is {MAX_JOB_KEY_LENGTH}"
+        )
+    _check_storable_text("job_key", job_key)
+    return job_key
+
+
+def _job_key_mode(value: object) -> JobKeyMode | None:
+    if value is None:
+        return None
+    try:
+        return JobKeyMode(str(value))
+    except ValueError:
+        modes = ", ".join(mode.value for mode in JobKeyMode)
+        raise InvalidOptionsError(
+            "job_key_mode", f"must be one of {modes}, got {value!r}"
+        ) from None
+
+
 def _optional(check: Any) -> Any:
     def validator(_instance: Any, _attribute: Any, value: Any) -> None:
         if value is not None:
@@ -336,6 +378,9 @@ class InsertOpts:
         unique: Uniqueness for this job, overriding the kind's; ``UniqueOpts()`` turns the
             kind's uniqueness off for this call.
         sequence: The sequence this job joins, overriding the kind's.
+        job_key: Graphile Worker's job key (1-512 characters): adding a job with the key
+            of an existing one replaces it (see ``job_key_mode``).
+        job_key_mode: ``replace`` (default), ``preserve_run_at`` or ``unsafe_dedupe``.
     """
 
     queue: str | None = attrs.field(default=None, validator=_optional(check_queue))
@@ -350,6 +395,12 @@ class InsertOpts:
     )
     unique: UniqueOpts | None = attrs.field(default=None, validator=_optional(check_unique))
     sequence: SequenceOpts | None = attrs.field(default=None, validator=_optional(check_sequence))
+    job_key: str | None = attrs.field(default=None, validator=_optional(check_job_key))
+    job_key_mode: JobKeyMode | None = attrs.field(default=None, converter=_job_key_mode)
+
+    def __attrs_post_init__(self) -> None:
+        if self.job_key_mode is not None and self.job_key is None:
+            raise InvalidOptionsError("job_key_mode", "only means something with a job_key")
 
     def resolve(self, declared: KindDefaults) -> ResolvedInsert:
         """Combine with a kind's declared defaults and the library defaults."""
@@ -362,7 +413,9 @@ class InsertOpts:
             scheduled_at=self.scheduled_at,
             unique=self.unique if self.unique is not None else declared.unique,
             sequence=self.sequence if self.sequence is not None else declared.sequence,
-        )
+            job_key=self.job_key,
+            job_key_mode=self.job_key_mode or JobKeyMode.REPLACE,
+        ).checked()
 
 
 def _first(*values: Any) -> Any:
@@ -381,3 +434,22 @@ class ResolvedInsert:
     scheduled_at: dt.datetime | None
     unique: UniqueOpts | None = None
     sequence: SequenceOpts | None = None
+    job_key: str | None = None
+    job_key_mode: JobKeyMode = JobKeyMode.REPLACE
+
+    def checked(self) -> ResolvedInsert:
+        """Refuse combinations whose meaning would be ambiguous."""
+        if self.job_key is not None and self.unique is not None and not self.unique.is_empty:
+            raise InvalidOptionsError(
+                "job_key",
+                "cannot be combined with unique options: a job key already keeps one job per "
+                "key (and replaces it), uniqueness would skip the insert instead; pick one, "
+                "or pass unique=UniqueOpts() to turn the kind's uniqueness off",
+            )
+        if self.job_key is not None and self.sequence is not None:
+            raise InvalidOptionsError(
+                "job_key",
+                "cannot be combined with a sequence: replacing a job would reorder its "
+                "sequence; use one or the other",
+            )
+        return self

@@ -26,11 +26,16 @@ __all__ = ["BRANCHES", "CORE_BRANCH", "VERSION_TABLE", "downgrade", "migrate"]
 CORE_BRANCH = "sa_jobs_core"
 UNIQUE_BRANCH = "sa_jobs_unique"
 SEQUENCE_BRANCH = "sa_jobs_sequence"
+JOB_KEY_BRANCH = "sa_jobs_job_key"
 #: Every branch label, in the order ``sa-jobs migrate`` lists them.
-BRANCHES = (CORE_BRANCH, UNIQUE_BRANCH, SEQUENCE_BRANCH)
+BRANCHES = (CORE_BRANCH, UNIQUE_BRANCH, SEQUENCE_BRANCH, JOB_KEY_BRANCH)
 
 #: A column each feature branch adds to ``sa_job``, to tell whether it is installed.
-_BRANCH_MARKER_COLUMNS = {UNIQUE_BRANCH: "unique_key", SEQUENCE_BRANCH: "sequence_key"}
+_BRANCH_MARKER_COLUMNS = {
+    UNIQUE_BRANCH: "unique_key",
+    SEQUENCE_BRANCH: "sequence_key",
+    JOB_KEY_BRANCH: "job_key",
+}
 
 #: NOTIFY channels: new due jobs (payload: the queue; sent by the insert trigger the core
 #: migration installs, and by maintenance), and control messages (``{"cancel": id}``).

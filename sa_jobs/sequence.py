@@ -218,6 +218,12 @@ def jobs_advance_sequences(job_ids: Sequence[int]) -> Select[int, Any]:
     return _promote_next(released)
 
 
+def lock_sequences_of_jobs(connection: Connection, job_ids: Sequence[int]) -> None:
+    """Take the sequence locks of existing jobs (before changing them)."""
+    ids = select(func.unnest(bindparam("sa_jobs_locking", list(job_ids), type_=ARRAY(Integer))))
+    connection.execute(_lock_keys_of(ids))
+
+
 def advance_sequences(connection: Connection, job_ids: Sequence[int]) -> int:
     """After jobs finished in this transaction: pass their sequences on. Returns promotions.
 
@@ -226,8 +232,7 @@ def advance_sequences(connection: Connection, job_ids: Sequence[int]) -> int:
     """
     if not job_ids:
         return 0
-    ids = select(func.unnest(bindparam("sa_jobs_finished", list(job_ids), type_=ARRAY(Integer))))
-    connection.execute(_lock_keys_of(ids))
+    lock_sequences_of_jobs(connection, job_ids)
     promoted, _ = connection.execute(jobs_advance_sequences(job_ids)).one()
     return int(promoted)
 

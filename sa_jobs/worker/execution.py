@@ -196,7 +196,7 @@ def _prepare(execution: Execution) -> Handler:
 
         raise NoHandlerError(job.kind)
     job.__dict__["_sa_jobs_kind"] = handler.kind
-    job.__dict__["_sa_jobs_args"] = handler.kind.decode(job.args_json)
+    job.remember_args(handler.kind.decode(job.args_json))
     return handler
 
 

@@ -22,7 +22,13 @@ from sa_jobs.complete import Outcome
 from sa_jobs.errors import InvalidOptionsError, SchemaMissingError
 from sa_jobs.models import Job, JobState
 from sa_jobs.options import check_queue
-from sa_jobs.schema import CORE_BRANCH, SEQUENCE_BRANCH, UNIQUE_BRANCH, installed_branches
+from sa_jobs.schema import (
+    CORE_BRANCH,
+    JOB_KEY_BRANCH,
+    SEQUENCE_BRANCH,
+    UNIQUE_BRANCH,
+    installed_branches,
+)
 from sa_jobs.worker.aio import EventLoopThread
 from sa_jobs.worker.completer import BatchCompleter, Completer, InlineCompleter
 from sa_jobs.worker.execution import Execution, Interrupt, run_async, run_sync
@@ -162,6 +168,7 @@ class Worker:
             self._closing,
             unique=unique,
             sequence=sequence,
+            job_key=JOB_KEY_BRANCH in self.branches,
         )
         self._notifier = Notifier(
             self.engine,

@@ -88,13 +88,14 @@ class MaintenanceLoop:
         *,
         unique: bool = False,
         sequence: bool = False,
+        job_key: bool = False,
     ) -> None:
         self._engine = engine
         self.config = config
         self.presence = presence
         self.election = election
         self.scheduler = Scheduler(unique=unique)
-        self.rescuer = Rescuer(config.rescue_after, sequence=sequence)
+        self.rescuer = Rescuer(config.rescue_after, sequence=sequence, job_key=job_key)
         self.cleaner = Cleaner(config.retention, sequence=sequence)
         self._closing = closing
         self.is_leader = False

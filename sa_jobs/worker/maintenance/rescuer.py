@@ -14,8 +14,11 @@ to its ``errors``.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Connection, case, exists, func, literal, null, select, update
 from sqlalchemy import cast as sql_cast
+from sqlalchemy.sql.dml import ReturningUpdate
 
 from sa_jobs.complete import CANCEL_ATTEMPTED_KEY
 from sa_jobs.models import FINAL_STATES, Job, JobState, WorkerProcess, job_state_type
@@ -28,8 +31,13 @@ def _seconds(value: object) -> object:
     return func.make_interval(0, 0, 0, 0, 0, 0, value)
 
 
-def jobs_rescue_orphaned(rescue_after: float, limit: int):  # type: ignore[no-untyped-def]
-    """Rescue up to ``limit`` running jobs whose worker is gone; returns ``(id, state)``."""
+def jobs_rescue_orphaned(
+    rescue_after: float, limit: int, *, job_key: bool = False
+) -> ReturningUpdate[int, JobState]:
+    """Rescue up to ``limit`` running jobs whose worker is gone; returns ``(id, state)``.
+
+    With ``job_key``, a rescued job that ends cancelled releases its key.
+    """
     last_worker = Job.attempted_by[func.cardinality(Job.attempted_by)]
     alive = exists().where(
         WorkerProcess.id == last_worker,
@@ -74,20 +82,42 @@ def jobs_rescue_orphaned(rescue_after: float, limit: int):  # type: ignore[no-un
             # The process died, maybe not the job's fault: retry after the default backoff.
             scheduled_at=func.now() + _seconds(func.least(func.power(Job.attempt, 4), 86400)),
             errors=Job.errors + func.jsonb_build_array(error),
+            **(
+                {
+                    "job_key": case(
+                        (next_state == JobState.CANCELLED.value, null()), else_=Job.job_key
+                    )
+                }
+                if job_key
+                else {}
+            ),
         )
         .returning(Job.id, Job.state)
     )
 
 
+def _release_job_key(next_state: Any) -> dict[str, Any]:
+    return {"job_key": case((next_state == JobState.CANCELLED.value, null()), else_=Job.job_key)}
+
+
 class Rescuer:
-    def __init__(self, rescue_after: float, limit: int = 1000, *, sequence: bool = False) -> None:
+    def __init__(
+        self,
+        rescue_after: float,
+        limit: int = 1000,
+        *,
+        sequence: bool = False,
+        job_key: bool = False,
+    ) -> None:
         self.rescue_after = rescue_after
         self.limit = limit
         self.sequence = sequence
+        self.job_key = job_key
 
     def run_once(self, connection: Connection) -> int:
         """Returns the number of jobs rescued."""
-        rescued = connection.execute(jobs_rescue_orphaned(self.rescue_after, self.limit)).all()
+        rescue = jobs_rescue_orphaned(self.rescue_after, self.limit, job_key=self.job_key)
+        rescued = connection.execute(rescue).all()
         if self.sequence:
             finished = [job_id for job_id, state in rescued if state in FINAL_STATES]
             advance_sequences(connection, finished)

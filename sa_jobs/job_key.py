@@ -1,0 +1,227 @@
+"""Job keys (Graphile Worker): replace, preserve_run_at and unsafe_dedupe — without its race.
+
+At most one job holds a key (``sa_job_job_key_idx``). Adding a job with a key follows
+Graphile's algorithm:
+
+* no job holds the key → a new job;
+* ``unsafe_dedupe`` → the existing job, untouched, whatever its state;
+* the holder is running (Graphile: *locked*) → it loses the key and its remaining
+  attempts (it finishes, but never runs again), and a new job is created;
+* the holder has failed before (retryable, or discarded with attempts spent) → it is
+  reset (attempt 0, errors cleared) and takes every new value, ``scheduled_at`` included;
+* otherwise it takes every new value — except ``scheduled_at`` under
+  ``preserve_run_at``.
+
+When both the stored and the new args are JSON arrays they are concatenated instead of
+replaced. A job's key is released when it completes or is cancelled (Graphile deletes
+such jobs).
+
+**The race Graphile documents (issue #580).** Each round is one statement: a CTE
+first takes the key from a *running* holder, then ``INSERT ... ON CONFLICT (job_key) DO
+UPDATE ... WHERE state <> 'running'`` replaces an unlocked holder. If a worker starts the
+holder after the statement's snapshot, the ``DO UPDATE`` waits for it and then declines
+(the row is running now), and the row comes back with nothing. Graphile returns null to
+its caller there; we run another round for exactly those rows, whose CTE now sees the
+running holder and detaches it. Every add therefore ends inserted, replaced or
+deduplicated — never lost.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import and_, case, delete, func, literal_column, null, select, text, update
+from sqlalchemy.dialects.postgresql import Insert as PgInsert
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.dml import ReturningInsert
+from sqlalchemy.sql.selectable import CTE
+
+from sa_jobs.complete import JOB_KEY_REPLACED_KEY
+from sa_jobs.errors import SaJobsError
+from sa_jobs.models import (
+    CORE_COLUMNS,
+    EXISTED_COLUMN,
+    Job,
+    JobState,
+    job_key_index,
+    job_state_type,
+    job_table,
+)
+from sa_jobs.options import JobKeyMode, check_job_key
+from sa_jobs.schema import translate_missing_schema
+
+__all__ = [
+    "JOB_KEY_REPLACED_KEY",
+    "JobKeyMode",
+    "detach_running_holders",
+    "insert_keyed",
+    "keyed_upsert",
+    "remove_job",
+    "rounds",
+]
+
+#: Rounds a contended add may take before we give up loudly (never seen in practice).
+MAX_ROUNDS = 1000
+
+
+def rounds(rows: Sequence[dict[str, Any]]) -> list[list[int]]:
+    """Split row positions so no key appears twice in a round (the k-th use of each key
+    goes in round k), which applies repeats in order, exactly as separate adds would."""
+    seen: dict[str, int] = {}
+    result: list[list[int]] = []
+    for position, row in enumerate(rows):
+        occurrence = seen.get(row["job_key"], 0)
+        seen[row["job_key"]] = occurrence + 1
+        if occurrence == len(result):
+            result.append([])
+        result[occurrence].append(position)
+    return result
+
+
+def detach_running_holders(source: Any) -> CTE:
+    """Take the keys of this round from running holders: they finish, but never run again.
+
+    They lose their remaining attempts (``max_attempts = attempt``), and their metadata
+    records when, so a snooze or a shutdown cannot bring them back either.
+    """
+    return (
+        update(Job)
+        .where(
+            Job.job_key.in_(select(source.c.job_key)),
+            Job.job_key.is_not(None),
+            Job.state == JobState.RUNNING,
+        )
+        .values(_detached_values())
+        .returning(Job.id)
+        .cte("detached_running")
+    )
+
+
+def _detached_values() -> dict[str, Any]:
+    return {
+        "job_key": null(),
+        "max_attempts": Job.attempt,
+        "metadata_": Job.metadata_.op("||")(
+            func.jsonb_build_object(JOB_KEY_REPLACED_KEY, func.now())
+        ),
+    }
+
+
+def keyed_upsert(statement: PgInsert, mode: JobKeyMode) -> ReturningInsert[Any]:
+    """The ``ON CONFLICT (job_key)`` clause of a keyed add; returns the job columns, the
+    key, and whether an existing job was replaced or returned."""
+    excluded = statement.excluded
+    columns = job_table.c
+    if mode is JobKeyMode.UNSAFE_DEDUPE:
+        # A no-op update, so the existing job comes back from RETURNING untouched.
+        upsert = statement.on_conflict_do_update(
+            constraint=job_key_index, set_={columns.kind: columns.kind}
+        )
+    else:
+        failed_before = func.jsonb_array_length(columns.errors) > 0
+        scheduled_at: Any = excluded.scheduled_at
+        if mode is JobKeyMode.PRESERVE_RUN_AT:
+            scheduled_at = case((failed_before, excluded.scheduled_at), else_=columns.scheduled_at)
+        both_arrays = and_(
+            func.jsonb_typeof(columns.args) == "array",
+            func.jsonb_typeof(excluded.args) == "array",
+        )
+        upsert = statement.on_conflict_do_update(
+            constraint=job_key_index,
+            set_={
+                columns.kind: excluded.kind,
+                columns.args: case(
+                    (both_arrays, columns.args.op("||")(excluded.args)), else_=excluded.args
+                ),
+                columns.queue: excluded.queue,
+                columns.priority: excluded.priority,
+                columns.max_attempts: excluded.max_attempts,
+                columns.tags: excluded.tags,
+                columns.metadata: excluded["metadata"],
+                columns.scheduled_at: scheduled_at,
+                columns.state: case(
+                    (scheduled_at > func.now(), JobState.SCHEDULED.value),
+                    else_=JobState.AVAILABLE.value,
+                ).cast(job_state_type),
+                columns.attempt: case((failed_before, 0), else_=columns.attempt),
+                columns.errors: case((failed_before, text("'[]'::jsonb")), else_=columns.errors),
+                columns.finalized_at: null(),
+            },
+            # A holder that a worker started after our snapshot: decline; next round.
+            where=columns.state != JobState.RUNNING,
+        )
+    existed: Any = literal_column("xmax <> 0").label(EXISTED_COLUMN)
+    returning: ReturningInsert[Any] = upsert.returning(*CORE_COLUMNS, columns.job_key, existed)
+    return returning
+
+
+class JobKeyContentionError(SaJobsError):
+    """An add kept losing its job key to workers starting it (not expected in practice)."""
+
+
+def insert_keyed(
+    rows: Sequence[dict[str, Any]],
+    mode: JobKeyMode,
+    run_round: Callable[[Sequence[dict[str, Any]], JobKeyMode], list[Any]],
+    key_of: Callable[[Any], str],
+) -> list[Any]:
+    """Apply keyed adds round by round until every row has a result; results in order.
+
+    ``run_round`` executes one round's statement and returns its rows; ``key_of`` reads
+    the job key from such a row.
+    """
+    results: list[Any] = [None] * len(rows)
+    for positions in rounds(rows):
+        waiting = list(positions)
+        for _ in range(MAX_ROUNDS):
+            returned = {key_of(row): row for row in run_round([rows[p] for p in waiting], mode)}
+            for position in waiting:
+                row = returned.get(rows[position]["job_key"])
+                if row is not None:
+                    results[position] = row
+            waiting = [p for p in waiting if results[p] is None]
+            if not waiting:
+                break
+        else:
+            raise JobKeyContentionError(
+                f"job keys {[rows[p]['job_key'] for p in waiting]} were taken by starting "
+                f"workers {MAX_ROUNDS} times in a row; retry the transaction"
+            )
+    return results
+
+
+class RemoveOutcome(enum.StrEnum):
+    """What :func:`remove_job` did."""
+
+    #: The job was not running: it is gone.
+    REMOVED = "removed"
+    #: The job is running: it keeps running but lost its key and will not run again.
+    WILL_NOT_RUN_AGAIN = "will_not_run_again"
+    #: No job holds the key (a completed job's key is already released).
+    NOT_FOUND = "not_found"
+
+
+def remove_job(session: Session, job_key: str) -> RemoveOutcome:
+    """Remove the job holding ``job_key``, in the session's transaction (Graphile's
+    ``remove_job``).
+
+    The holder is locked first (``FOR UPDATE``, which sees its latest state), so a worker
+    cannot start it halfway through: a job that is not running is deleted; a running one
+    loses its key and its remaining attempts — it finishes but never runs again.
+    """
+    check_job_key(job_key)
+    with translate_missing_schema():
+        holder = session.execute(
+            select(Job.id, Job.state)
+            .where(Job.job_key == job_key, Job.job_key.is_not(None))
+            .with_for_update()
+        ).one_or_none()
+    if holder is None:
+        return RemoveOutcome.NOT_FOUND
+    if holder.state is JobState.RUNNING:
+        session.execute(update(Job).where(Job.id == holder.id).values(_detached_values()))
+        return RemoveOutcome.WILL_NOT_RUN_AGAIN
+    session.execute(delete(Job).where(Job.id == holder.id))
+    return RemoveOutcome.REMOVED
