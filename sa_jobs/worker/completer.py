@@ -36,6 +36,10 @@ class Completer(Protocol):
         """Outcomes submitted but not yet written."""
         ...
 
+    def pending_ids(self) -> set[int]:
+        """The jobs of those outcomes."""
+        ...
+
     def stop(self) -> None:
         """Write everything submitted so far, then stop."""
         ...
@@ -63,6 +67,9 @@ class InlineCompleter:
     def pending(self) -> int:
         return 0
 
+    def pending_ids(self) -> set[int]:
+        return set()
+
     def stop(self) -> None:
         pass
 
@@ -75,7 +82,7 @@ class BatchCompleter:
         self._interval = interval
         self._max_batch = max_batch
         self._queue: queue.Queue[Outcome | None] = queue.Queue()
-        self._in_flight = 0
+        self._in_flight: dict[int, int] = {}
         self._lock = threading.Lock()
         self._backoff = Backoff("completing jobs")
         self._thread = threading.Thread(target=self._loop, name="sa_jobs-completer", daemon=True)
@@ -85,12 +92,16 @@ class BatchCompleter:
 
     def submit(self, outcome: Outcome) -> None:
         with self._lock:
-            self._in_flight += 1
+            self._in_flight[outcome.job_id] = self._in_flight.get(outcome.job_id, 0) + 1
         self._queue.put(outcome)
 
     def pending(self) -> int:
         with self._lock:
-            return self._in_flight
+            return sum(self._in_flight.values())
+
+    def pending_ids(self) -> set[int]:
+        with self._lock:
+            return set(self._in_flight)
 
     def stop(self) -> None:
         self._queue.put(None)
@@ -115,7 +126,10 @@ class BatchCompleter:
                 batch.append(item)
             self._write(batch)
             with self._lock:
-                self._in_flight -= len(batch)
+                for outcome in batch:
+                    left = self._in_flight.pop(outcome.job_id) - 1
+                    if left:
+                        self._in_flight[outcome.job_id] = left
 
     def _write(self, batch: list[Outcome]) -> None:
         self._backoff.retry_forever(lambda: write_outcomes(self._engine, batch))

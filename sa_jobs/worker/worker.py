@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import datetime as dt
 import logging
 import os
@@ -37,6 +36,7 @@ from sa_jobs.worker.maintenance.leader import LeaderElection
 from sa_jobs.worker.maintenance.loop import MaintenanceConfig, MaintenanceLoop
 from sa_jobs.worker.maintenance.presence import Presence
 from sa_jobs.worker.notifier import Notifier
+from sa_jobs.worker.pool import DaemonThreadPool
 from sa_jobs.worker.producer import Producer, fetch_jobs
 from sa_jobs.worker.retry import ExponentialRetry, RetryPolicy
 from sa_jobs.worker.watchdog import Watchdog
@@ -139,9 +139,9 @@ class Worker:
         sequence = SEQUENCE_BRANCH in self.branches
         handlers = self.handlers.all()
         total = sum(self.queues.values())
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            max_workers=total * 2, thread_name_prefix="sa_jobs-job"
-        )
+        # Twice the slots: a thread stuck in a handler that ignores its timeout keeps its
+        # thread, while the watchdog frees its slot.
+        self._pool = DaemonThreadPool(total * 2, "sa_jobs-job")
         self._loop = EventLoopThread(self.engine) if any(h.is_async for h in handlers) else None
         self._completer: Completer = (
             BatchCompleter(self.engine)
@@ -163,7 +163,9 @@ class Worker:
         self._maintenance = MaintenanceLoop(
             self.engine,
             self.maintenance_config,
-            Presence(self.id, list(self.queues), self._running_ids, self.cancel_running),
+            Presence(
+                self.id, list(self.queues), self._running_ids, self.cancel_running, self._held_ids
+            ),
             LeaderElection(self.id, self.maintenance_config.leader_ttl),
             self._closing,
             unique=unique,
@@ -246,7 +248,7 @@ class Worker:
             self._watchdog.stop()
             if self._loop is not None:
                 self._loop.stop()
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown()
             self._closing.set()
             self._notifier.join()
             self._maintenance.join()
@@ -328,6 +330,10 @@ class Worker:
             return False
         self._watchdog.interrupt_now(execution, Interrupt.CANCELLED)
         return True
+
+    def _held_ids(self) -> list[int]:
+        """Jobs this process is running or has an unwritten outcome for."""
+        return self._running_ids() + list(self._completer.pending_ids())
 
     def _running_ids(self) -> list[int]:
         with self._lock:

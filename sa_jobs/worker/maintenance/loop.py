@@ -96,6 +96,8 @@ class MaintenanceLoop:
         self.election = election
         self.scheduler = Scheduler(unique=unique)
         self.rescuer = Rescuer(config.rescue_after, sequence=sequence, job_key=job_key)
+        # Every process rescues the jobs its own id holds but it does not (see Presence).
+        presence.rescuer = self.rescuer
         self.cleaner = Cleaner(config.retention, sequence=sequence)
         self._closing = closing
         self.is_leader = False

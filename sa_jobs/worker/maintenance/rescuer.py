@@ -14,9 +14,10 @@ to its ``errors``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, case, exists, func, literal, null, select, update
+from sqlalchemy import Connection, and_, case, exists, func, literal, null, select, update
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.sql.dml import ReturningUpdate
 
@@ -32,23 +33,34 @@ def _seconds(value: object) -> object:
 
 
 def jobs_rescue_orphaned(
-    rescue_after: float, limit: int, *, job_key: bool = False
+    rescue_after: float,
+    limit: int,
+    *,
+    job_key: bool = False,
+    own: tuple[str, Sequence[int]] | None = None,
 ) -> ReturningUpdate[int, JobState]:
     """Rescue up to ``limit`` running jobs whose worker is gone; returns ``(id, state)``.
 
-    With ``job_key``, a rescued job that ends cancelled releases its key.
+    With ``own=(worker_id, held_ids)``, rescue instead the jobs running under that
+    worker id that the (live) process does not hold. With ``job_key``, a rescued job
+    that ends cancelled releases its key.
     """
     last_worker = Job.attempted_by[func.cardinality(Job.attempted_by)]
-    alive = exists().where(
-        WorkerProcess.id == last_worker,
-        WorkerProcess.heartbeat_at > func.now() - _seconds(literal(rescue_after)),
-    )
+    if own is None:
+        alive = exists().where(
+            WorkerProcess.id == last_worker,
+            WorkerProcess.heartbeat_at > func.now() - _seconds(literal(rescue_after)),
+        )
+        lost = ~alive
+    else:
+        worker_id, held = own
+        lost = and_(last_worker == worker_id, Job.id.not_in(list(held)))
     orphaned = (
         select(Job.id)
         .where(
             Job.state == JobState.RUNNING,
             Job.attempted_at < func.now() - _seconds(literal(rescue_after)),
-            ~alive,
+            lost,
         )
         .limit(limit)
         .with_for_update(skip_locked=True)
@@ -114,9 +126,11 @@ class Rescuer:
         self.sequence = sequence
         self.job_key = job_key
 
-    def run_once(self, connection: Connection) -> int:
-        """Returns the number of jobs rescued."""
-        rescue = jobs_rescue_orphaned(self.rescue_after, self.limit, job_key=self.job_key)
+    def run_once(
+        self, connection: Connection, *, own: tuple[str, Sequence[int]] | None = None
+    ) -> int:
+        """Returns the number of jobs rescued (see :func:`jobs_rescue_orphaned` for ``own``)."""
+        rescue = jobs_rescue_orphaned(self.rescue_after, self.limit, job_key=self.job_key, own=own)
         rescued = connection.execute(rescue).all()
         if self.sequence:
             finished = [job_id for job_id, state in rescued if state in FINAL_STATES]

@@ -1,0 +1,96 @@
+"""SIGTERM lets running jobs finish; a second signal interrupts them without spending an attempt."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session
+
+import sa_jobs
+from sa_jobs import JobState
+from tests.acceptance.conftest import Spawn
+from tests.acceptance.processes import get_job, runs, started, wait_for
+from tests.acceptance.worker_app import LongJob, QuickJob
+
+pytestmark = pytest.mark.slow
+
+
+def insert_long(engine: Engine, args: LongJob) -> int:
+    with Session(engine) as session, session.begin():
+        return sa_jobs.insert(session, args).job.id
+
+
+def test_sigterm_lets_the_running_job_finish_and_exits_cleanly(
+    engine: Engine, spawn: Spawn
+) -> None:
+    worker = spawn("graceful")
+    worker.wait_ready(engine)
+    job_id = insert_long(engine, LongJob(first=1.5))
+    wait_for(lambda: started(engine, job_id, attempt=1), 10, "the job to start")
+
+    worker.signal(signal.SIGTERM)
+    time.sleep(0.5)
+    # Still finishing its job, and no longer taking new ones.
+    assert worker.popen.poll() is None
+    with Session(engine) as session, session.begin():
+        late_id = sa_jobs.insert(session, QuickJob()).job.id
+
+    assert worker.wait(15) == 0
+    job = get_job(engine, job_id)
+    assert job.state is JobState.COMPLETED
+    assert job.attempt == 1
+    assert job.errors == []
+    assert [(r.attempt, r.event) for r in runs(engine, job_id)] == [(1, "start"), (1, "end")]
+    # The job enqueued after SIGTERM was left for another worker.
+    assert get_job(engine, late_id).state is JobState.AVAILABLE
+    assert runs(engine, late_id) == []
+
+
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_second_signal_interrupts_the_job_and_gives_its_attempt_back(
+    engine: Engine, spawn: Spawn, second: signal.Signals
+) -> None:
+    worker = spawn(f"hard-stop-{second.name}")
+    worker.wait_ready(engine)
+    job_id = insert_long(engine, LongJob(first=60))
+    before = get_job(engine, job_id)
+    wait_for(lambda: started(engine, job_id, attempt=1), 10, "the job to start")
+
+    worker.signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert worker.popen.poll() is None, "the first SIGTERM must wait for the running job"
+    assert get_job(engine, job_id).state is JobState.RUNNING
+
+    worker.signal(second)
+    assert worker.wait(10) == 0
+    job = get_job(engine, job_id)
+    assert job.state is JobState.AVAILABLE
+    assert job.finalized_at is None
+    # No attempt spent: as many attempts remain as before the run.
+    assert job.max_attempts - job.attempt == before.max_attempts - before.attempt
+    assert job.errors == []
+    assert [(r.attempt, r.event) for r in runs(engine, job_id)] == [(1, "start")]
+
+
+def test_hard_stop_exits_even_if_the_handler_ignores_cancellation(
+    engine: Engine, spawn: Spawn
+) -> None:
+    worker = spawn("stuck", SA_JOBS_TEST_GRACE="0.5")
+    worker.wait_ready(engine)
+    job_id = insert_long(engine, LongJob(first=20, interruptible=False))
+    wait_for(lambda: started(engine, job_id, attempt=1), 10, "the job to start")
+
+    worker.signal(signal.SIGTERM)
+    time.sleep(0.3)
+    worker.signal(signal.SIGTERM)
+    # The worker gives the job back after the grace period...
+    wait_for(
+        lambda: get_job(engine, job_id).state is JobState.AVAILABLE,
+        5,
+        "the stuck job to be given back",
+    )
+    # ...and then the process must go away rather than keep running the handler.
+    assert worker.wait(3) == 0

@@ -1,0 +1,127 @@
+"""A worker process for the acceptance tests.
+
+Run as ``python tests/acceptance/worker_app.py`` with:
+
+* ``SA_JOBS_TEST_URL`` — the database (required);
+* ``SA_JOBS_TEST_WORKER_ID`` — the worker's id (optional);
+* ``SA_JOBS_TEST_GRACE`` — the worker's ``interrupt_grace`` in seconds (default 5).
+
+Maintenance is fast (heartbeat 0.2 s, rescue after 1 s, leader lease 0.6 s) so a test can
+watch a dead process's jobs being rescued. Handlers write what they do into
+``acceptance_runs`` (see :data:`RUNS_DDL`) in transactions of their own, so the record
+survives the process being killed.
+
+The tests import this module for the job args classes; nothing runs on import.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+
+from sqlalchemy import Engine, create_engine, text
+
+import sa_jobs
+from sa_jobs import Job, MaintenanceConfig, Worker
+
+RUNS_TABLE = "acceptance_runs"
+RUNS_DDL = f"""
+CREATE TABLE {RUNS_TABLE} (
+    seq bigserial PRIMARY KEY,
+    job_id bigint NOT NULL,
+    attempt int NOT NULL,
+    pid int NOT NULL,
+    event text NOT NULL,
+    at timestamptz NOT NULL DEFAULT clock_timestamp()
+)
+"""
+
+FAST = MaintenanceConfig(
+    heartbeat_interval=0.2,
+    rescue_after=1.0,
+    leader_ttl=0.6,
+    scheduler_interval=0.1,
+    rescuer_interval=0.1,
+)
+
+
+@sa_jobs.job_args(kind="acceptance_long")
+class LongJob:
+    """Runs ``first`` seconds on its first attempt and ``later`` seconds after that."""
+
+    first: float = 60.0
+    later: float = 0.0
+    #: Checks ``job.check_cancelled()`` while it runs; False: ignores interruptions.
+    interruptible: bool = True
+
+
+@sa_jobs.job_args(kind="acceptance_quick")
+class QuickJob:
+    n: int = 0
+    sleep: float = 0.01
+
+
+_runs_engine: Engine | None = None
+
+
+def record(job: Job, event: str) -> None:
+    assert _runs_engine is not None
+    with _runs_engine.begin() as connection:
+        connection.execute(
+            text(
+                f"INSERT INTO {RUNS_TABLE} (job_id, attempt, pid, event)"
+                " VALUES (:job_id, :attempt, :pid, :event)"
+            ),
+            {"job_id": job.id, "attempt": job.attempt, "pid": os.getpid(), "event": event},
+        )
+
+
+def long_job(job: Job) -> None:
+    record(job, "start")
+    args: LongJob = job.args
+    seconds = args.first if job.attempt == 1 else args.later
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if args.interruptible:
+            job.check_cancelled()
+        time.sleep(0.02)
+    record(job, "end")
+
+
+def quick_job(job: Job) -> None:
+    record(job, "start")
+    time.sleep(job.args.sleep)
+    record(job, "end")
+
+
+def main() -> None:
+    global _runs_engine
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(process)d %(threadName)s %(levelname)s %(name)s: %(message)s",
+    )
+    url = os.environ["SA_JOBS_TEST_URL"]
+    engine = create_engine(url, pool_size=12)
+    _runs_engine = create_engine(url, pool_size=12)
+    worker = Worker(
+        engine,
+        queues={"default": 10},
+        job_timeout=None,
+        poll_interval=0.5,
+        maintenance=FAST,
+        interrupt_grace=float(os.environ.get("SA_JOBS_TEST_GRACE", "5")),
+        worker_id=os.environ.get("SA_JOBS_TEST_WORKER_ID"),
+    )
+    worker.handler(LongJob)(long_job)
+    worker.handler(QuickJob)(quick_job)
+    worker.run()
+    logging.getLogger("worker_app").info("worker.run() returned; exiting")
+    engine.dispose()
+    _runs_engine.dispose()
+
+
+if __name__ == "__main__":
+    main()
