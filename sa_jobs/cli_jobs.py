@@ -1,0 +1,237 @@
+"""``sa-jobs jobs list|show|retry|cancel``: looking at jobs and acting on them.
+
+Each command opens one session on ``--url`` (or ``$SA_JOBS_DATABASE_URL`` /
+``$DATABASE_URL``); ``retry`` and ``cancel`` run :func:`sa_jobs.retry_job` /
+:func:`sa_jobs.cancel_job` in a transaction of their own and print the state the job
+is left in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import enum
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import inspect, select
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import Session
+
+from sa_jobs.cli import add_url_option, engine_from
+from sa_jobs.control import cancel_job, retry_job
+from sa_jobs.errors import JobNotFoundError
+from sa_jobs.models import FINAL_STATES, Job, JobState
+from sa_jobs.schema import translate_missing_schema
+
+__all__ = ["add_commands", "format_job", "format_table"]
+
+DEFAULT_LIMIT = 50
+ERROR_WIDTH = 60
+
+
+def add_commands(commands: Any) -> None:
+    """Add ``jobs`` and its actions to the top-level subparsers ``commands``."""
+    jobs = commands.add_parser("jobs", help="list, show, retry or cancel jobs")
+    actions = jobs.add_subparsers(required=True, metavar="ACTION")
+
+    listing = actions.add_parser("list", help="a table of jobs, newest first")
+    add_url_option(listing)
+    listing.add_argument(
+        "--state",
+        action="append",
+        choices=[state.value for state in JobState],
+        metavar="STATE",
+        help="only jobs in this state (repeatable): "
+        + ", ".join(state.value for state in JobState),
+    )
+    listing.add_argument("--queue", action="append", help="only this queue (repeatable)")
+    listing.add_argument("--kind", action="append", help="only this kind (repeatable)")
+    listing.add_argument(
+        "--limit",
+        type=_positive_int,
+        default=DEFAULT_LIMIT,
+        help=f"at most this many jobs (default {DEFAULT_LIMIT})",
+    )
+    listing.set_defaults(run=_list)
+
+    for name, run, text in (
+        ("show", _show, "every column of one job, its args and its errors with traces"),
+        ("retry", _retry, "make a job run again now (any state but running)"),
+        ("cancel", _cancel, "cancel a job (a running one is interrupted by its worker)"),
+    ):
+        action = actions.add_parser(name, help=text)
+        action.add_argument("id", type=int, metavar="ID", help="the job's id")
+        add_url_option(action)
+        action.set_defaults(run=run)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+@contextmanager
+def _session(options: argparse.Namespace) -> Iterator[Session]:
+    engine = engine_from(options)
+    try:
+        with Session(engine) as session, translate_missing_schema():
+            yield session
+    finally:
+        engine.dispose()
+
+
+# ---------------------------------------------------------------------- list
+
+
+def _list(options: argparse.Namespace) -> int:
+    last_error = Job.errors[-1]["error"].astext
+    statement = select(
+        Job.id,
+        Job.kind,
+        Job.queue,
+        Job.state,
+        Job.attempt,
+        Job.max_attempts,
+        Job.scheduled_at,
+        last_error,
+    ).order_by(Job.id.desc())
+    if options.state:
+        statement = statement.where(Job.state.in_(options.state))
+    if options.queue:
+        statement = statement.where(Job.queue.in_(options.queue))
+    if options.kind:
+        statement = statement.where(Job.kind.in_(options.kind))
+    with _session(options) as session:
+        rows = session.execute(statement.limit(options.limit + 1)).all()
+    if not rows:
+        print("no jobs")
+        return 0
+    header = ("id", "kind", "queue", "state", "attempt", "scheduled_at (UTC)", "last error")
+    body = [
+        (
+            str(row.id),
+            row.kind,
+            row.queue,
+            row.state.value,
+            f"{row.attempt}/{row.max_attempts}",
+            _timestamp(row.scheduled_at),
+            _shorten(row[-1] or "", ERROR_WIDTH),
+        )
+        for row in rows[: options.limit]
+    ]
+    print(format_table(header, body))
+    if len(rows) > options.limit:
+        print(f"(more jobs match; showing the newest {options.limit}, see --limit)")
+    return 0
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns separated by two spaces; trailing blanks trimmed."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in (header, *rows)
+    )
+
+
+def _shorten(text: str, width: int) -> str:
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return first if len(first) <= width else first[: width - 3] + "..."
+
+
+# ---------------------------------------------------------------------- show
+
+
+def _show(options: argparse.Namespace) -> int:
+    with _session(options) as session:
+        job = session.get(Job, options.id)
+        if job is None:
+            raise JobNotFoundError(options.id)
+        print(format_job(job))
+    return 0
+
+
+def format_job(job: Job) -> str:
+    """Every column of ``job``: scalars first, then the JSON documents, then the errors."""
+    scalars: list[tuple[str, str]] = []
+    documents: list[tuple[str, Any]] = []
+    for attribute in inspect(Job).column_attrs:
+        column = attribute.columns[0]
+        value = getattr(job, attribute.key)
+        if column.name == "errors":
+            continue
+        if isinstance(column.type, JSONB):
+            documents.append((column.name, value))
+        else:
+            scalars.append((column.name, _value(value)))
+    width = max(len(name) for name, _ in scalars)
+    lines = [f"{name.ljust(width)}  {value}" for name, value in scalars]
+    for name, document in documents:
+        lines.append(f"{name}:")
+        lines.extend(_indent(json.dumps(document, indent=2, sort_keys=True), 2))
+    lines.extend(_errors(job.errors))
+    return "\n".join(lines)
+
+
+def _errors(errors: Sequence[dict[str, Any]]) -> list[str]:
+    if not errors:
+        return ["errors: none"]
+    lines = [f"errors ({len(errors)}):"]
+    for record in errors:
+        at = f" at {record['at']}" if record.get("at") else ""
+        lines.append(f"  attempt {record.get('attempt', '?')}{at}: {record.get('error', '')}")
+        trace = record.get("trace")
+        if trace:
+            lines.extend(_indent(trace.rstrip(), 4))
+    return lines
+
+
+def _indent(text: str, spaces: int) -> list[str]:
+    return [" " * spaces + line for line in text.splitlines()]
+
+
+def _value(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, enum.Enum):
+        return str(value.value)
+    if isinstance(value, dt.datetime):
+        return _timestamp(value)
+    if isinstance(value, bytes | memoryview):
+        return bytes(value).hex()
+    if isinstance(value, list | tuple):
+        return ", ".join(str(item) for item in value) if value else "-"
+    return str(value)
+
+
+def _timestamp(value: dt.datetime) -> str:
+    return value.astimezone(dt.UTC).isoformat(sep=" ", timespec="seconds")
+
+
+# ---------------------------------------------------------------------- retry, cancel
+
+
+def _retry(options: argparse.Namespace) -> int:
+    with _session(options) as session, session.begin():
+        job = retry_job(session, options.id)
+        message = f"job {job.id}: {job.state.value} (attempt {job.attempt}/{job.max_attempts})"
+    print(message)
+    return 0
+
+
+def _cancel(options: argparse.Namespace) -> int:
+    with _session(options) as session, session.begin():
+        job = cancel_job(session, options.id)
+        state = job.state
+        message = f"job {job.id}: {state.value}"
+    if state is JobState.RUNNING:
+        message += " (cancel requested: its worker will interrupt it)"
+    elif state in FINAL_STATES and state is not JobState.CANCELLED:
+        message += " (already finished: nothing to cancel)"
+    print(message)
+    return 0
