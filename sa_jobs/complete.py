@@ -13,6 +13,7 @@ The batched completer sends many outcomes in one :func:`jobs_finish` statement;
 from __future__ import annotations
 
 import enum
+import functools
 import traceback
 from collections.abc import Sequence
 from typing import Any
@@ -108,6 +109,29 @@ _OUTCOME_COLUMNS = (
 def jobs_finish(
     outcomes: Sequence[Outcome], *, sequence: bool = False, job_key: bool = False
 ) -> ReturningUpdate[int, JobState]:
+    """:func:`finish_statement` with ``outcomes`` bound, ready to execute."""
+    return _build_finish(sequence=sequence, job_key=job_key, bound=outcomes_json(outcomes))
+
+
+#: The bound parameter of :func:`finish_statement`: the outcomes, as a JSON array.
+OUTCOMES_PARAM = "sa_jobs_outcomes"
+
+
+def outcomes_json(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
+    return [_outcome_json(outcome) for outcome in outcomes]
+
+
+@functools.cache
+def finish_statement(
+    *, sequence: bool = False, job_key: bool = False
+) -> ReturningUpdate[int, JobState]:
+    """The finish statement, built once; execute it with ``{OUTCOMES_PARAM: [...]}``."""
+    return _build_finish(sequence=sequence, job_key=job_key)
+
+
+def _build_finish(
+    *, sequence: bool = False, job_key: bool = False, bound: Any = None
+) -> ReturningUpdate[int, JobState]:
     """One ``UPDATE`` that writes every outcome; returns ``(id, new state)`` of rows it changed.
 
     The new state is decided here, with the row in hand: a failure with no attempts left
@@ -116,10 +140,13 @@ def jobs_finish(
     taken first; follow with :func:`finish_in` or :func:`~sa_jobs.sequence.advance_sequences`.
     With ``job_key``, a job that completes or is cancelled releases its key.
     """
+    outcomes = (
+        bindparam(OUTCOMES_PARAM, bound, type_=JSONB)
+        if bound is not None
+        else bindparam(OUTCOMES_PARAM, type_=JSONB)
+    )
     source = (
-        func.jsonb_to_recordset(
-            bindparam("sa_jobs_outcomes", [_outcome_json(o) for o in outcomes], type_=JSONB)
-        )
+        func.jsonb_to_recordset(outcomes)
         .table_valued(*_OUTCOME_COLUMNS)
         .render_derived(name="outcome", with_types=True)
     )
@@ -145,7 +172,12 @@ def jobs_finish(
     gives_attempt_back = ending.in_([Ending.SNOOZED.value, Ending.RETURNED.value])
     guards = [Job.id == source.c.id, Job.attempt == source.c.attempt, Job.state == JobState.RUNNING]
     if sequence:
-        locks = locks_before_update([o.job_id for o in outcomes])
+        ids = (
+            func.jsonb_to_recordset(outcomes)
+            .table_valued(column("id", BigInteger))
+            .render_derived(name="locking", with_types=True)
+        )
+        locks = locks_before_update(select(ids.c.id))
         guards.append(select(func.count()).select_from(locks).scalar_subquery() >= 0)
     statement = (
         update(Job)
@@ -201,8 +233,8 @@ def finish_in(connection: Connection, outcomes: Sequence[Outcome]) -> list[tuple
     """Write outcomes in the connection's transaction, and move sequences on with them."""
     branches = branches_of(connection)
     sequence = SEQUENCE_BRANCH in branches
-    finish = jobs_finish(outcomes, sequence=sequence, job_key=JOB_KEY_BRANCH in branches)
-    rows = connection.execute(finish).all()
+    finish = finish_statement(sequence=sequence, job_key=JOB_KEY_BRANCH in branches)
+    rows = connection.execute(finish, {OUTCOMES_PARAM: outcomes_json(outcomes)}).all()
     changed = [(int(job_id), JobState(state)) for job_id, state in rows]
     if sequence:
         finished = [job_id for job_id, state in changed if state in FINAL_STATES]

@@ -97,8 +97,9 @@ def _insert_pending_jobs(session: Session, _flush: UOWTransaction, _objects: Any
     pending.sort(key=lambda job: job.__dict__.get("_sa_jobs_order", -1))
     connection = session.connection()
 
-    def run(statement: Any, _keyed: bool) -> list[Any]:
-        return [_as_result_row(row) for row in connection.execute(statement).mappings()]
+    def run(statement: Any, params: dict[str, Any], _keyed: bool) -> list[Any]:
+        returned = connection.execute(statement, params).mappings()
+        return [_as_result_row(row) for row in returned]
 
     written = write_rows(connection, [_pending_row(job) for job in pending], run)
     for job, (row, action) in zip(pending, written, strict=True):

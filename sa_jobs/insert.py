@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import functools
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -68,7 +69,7 @@ from sa_jobs.models import (
 )
 from sa_jobs.options import InsertOpts, JobKeyMode, ResolvedInsert
 from sa_jobs.schema import translate_missing_schema
-from sa_jobs.sequence import lock_sequence_keys, sequence_values, waits_in_sequence
+from sa_jobs.sequence import lock_keys_in, lock_sequence_keys, sequence_values, waits_in_sequence
 from sa_jobs.unique import fold_duplicates, release_expired_locks, unique_values
 
 __all__ = [
@@ -225,14 +226,66 @@ def jobs_insert(
     A statement without unique, sequenced or keyed rows touches only core columns, so it
     works on a database that has only the core branch.
     """
-    numbered = [{"ord": index, **row} for index, row in enumerate(rows)]
+    return _build_insert(
+        **statement_shape(rows),
+        lock_sequences=lock_sequences,
+        job_key_mode=job_key_mode,
+        bound=rows_param(rows)[ROWS_PARAM],
+    )
+
+
+#: The one bound parameter of every insert statement: the rows, as a JSON array.
+ROWS_PARAM = "sa_jobs_rows"
+
+
+def rows_param(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The parameters for :func:`insert_statement`; ``ord`` keeps ids in input order."""
+    return {ROWS_PARAM: [{"ord": index, **row} for index, row in enumerate(rows)]}
+
+
+def statement_shape(rows: Sequence[dict[str, Any]]) -> dict[str, bool]:
+    """Which features the rows use, which decides the statement they need."""
+    return {
+        "unique": any(row.get("unique_key") for row in rows),
+        "sequenced": any(row.get("sequence_key") for row in rows),
+    }
+
+
+@functools.cache
+def insert_statement(
+    *,
+    unique: bool,
+    sequenced: bool,
+    lock_sequences: bool = False,
+    job_key_mode: JobKeyMode | None = None,
+) -> Insert:
+    """The statement for rows of this shape, built once; execute it with
+    :func:`rows_param`."""
+    return _build_insert(
+        unique=unique, sequenced=sequenced, lock_sequences=lock_sequences, job_key_mode=job_key_mode
+    )
+
+
+def _build_insert(
+    *,
+    unique: bool,
+    sequenced: bool,
+    lock_sequences: bool = False,
+    job_key_mode: JobKeyMode | None = None,
+    bound: Any = None,
+) -> Insert:
+    # ``bound`` gives the rows parameter a value (jobs_insert); without it the statement
+    # is a template that each execution passes rows to.
+    rows = (
+        bindparam(ROWS_PARAM, bound, type_=JSONB)
+        if bound is not None
+        else bindparam(ROWS_PARAM, type_=JSONB)
+    )
     source = (
-        func.jsonb_to_recordset(bindparam("sa_jobs_rows", numbered, type_=JSONB))
+        func.jsonb_to_recordset(rows)
         .table_valued(*_ROW_COLUMNS)
         .render_derived(name="job_rows", with_types=True)
     )
-    unique = any(row.get("unique_key") for row in rows)
-    sequenced = any(row.get("sequence_key") for row in rows)
     due_at = func.coalesce(source.c.scheduled_at, func.now())
     waits = waits_in_sequence(source.c.sequence_key, source.c.ord) if sequenced else false()
     state = case(
@@ -277,8 +330,7 @@ def jobs_insert(
             "sequence_continue_on_discarded",
         ]
         if lock_sequences:
-            keys = [row["sequence_key"] for row in rows if row.get("sequence_key")]
-            ctes.append(lock_sequence_keys(keys).cte("sequence_locks"))
+            ctes.append(lock_keys_in(source.c.sequence_key).cte("sequence_locks"))
     if job_key_mode is not None:
         values.append(source.c.job_key)
         columns.append("job_key")
@@ -369,13 +421,8 @@ def insert_many(
     ]
     rows = build_rows(pairs)
 
-    def run(statement: Insert, keyed: bool) -> list[Any]:
-        extra = [column("job_key", Text)] if keyed else []
-        loading = select(Job, column(SKIPPED_COLUMN, Boolean), *extra)
-        returned = session.execute(
-            loading.from_statement(statement).execution_options(populate_existing=True)
-        )
-        return list(returned.all())
+    def run(statement: Insert, params: dict[str, Any], keyed: bool) -> list[Any]:
+        return list(session.execute(_as_jobs(statement, keyed), params).all())
 
     written = write_rows(session.connection(), rows, run, batch_size=batch_size)
     results = [
@@ -386,16 +433,24 @@ def insert_many(
     return results
 
 
+@functools.cache
+def _as_jobs(statement: Insert, keyed: bool) -> Any:
+    """Load an insert statement's rows as Job objects (built once per statement)."""
+    extra = [column("job_key", Text)] if keyed else []
+    loading = select(Job, column(SKIPPED_COLUMN, Boolean), *extra)
+    return loading.from_statement(statement).execution_options(populate_existing=True)
+
+
 def write_rows(
     connection: Connection,
     rows: Sequence[dict[str, Any]],
-    run: Callable[[Insert, bool], list[Any]],
+    run: Callable[[Insert, dict[str, Any], bool], list[Any]],
     *,
     batch_size: int = 10_000,
 ) -> list[tuple[Any, InsertAction]]:
     """Write validated rows in the connection's transaction; one result per row, in order.
 
-    ``run(statement, keyed)`` executes a statement and returns its rows as sequences of
+    ``run(statement, params, keyed)`` executes a statement and returns its rows as sequences of
     the job, the ``unique_skipped_as_duplicate`` flag and, for keyed statements, the key.
     Consecutive rows of one kind of add (plain, unique or sequenced; or keyed with one
     mode) go together, so ids follow input order.
@@ -418,14 +473,14 @@ def _keyed_mode(row: dict[str, Any]) -> str | None:
 def _write_plain(
     connection: Connection,
     rows: Sequence[dict[str, Any]],
-    run: Callable[[Insert, bool], list[Any]],
+    run: Callable[[Insert, dict[str, Any], bool], list[Any]],
     batch_size: int,
 ) -> list[tuple[Any, InsertAction]]:
     results = []
     for start in range(0, len(rows), batch_size):
         sent, answers = fold_duplicates(rows[start : start + batch_size])
         lock_sequences_of(connection, sent)
-        returned = run(jobs_insert(sent), False)
+        returned = run(insert_statement(**statement_shape(sent)), rows_param(sent), False)
         for position, answer in enumerate(answers):
             row = returned[answer]
             # A row folded into an earlier one of the same batch is that one's duplicate.
@@ -437,13 +492,19 @@ def _write_plain(
 
 
 def _write_keyed(
-    rows: Sequence[dict[str, Any]], mode: JobKeyMode, run: Callable[[Insert, bool], list[Any]]
+    rows: Sequence[dict[str, Any]],
+    mode: JobKeyMode,
+    run: Callable[[Insert, dict[str, Any], bool], list[Any]],
 ) -> list[tuple[Any, InsertAction]]:
     met = InsertAction.DEDUPLICATED if mode is JobKeyMode.UNSAFE_DEDUPE else InsertAction.REPLACED
     returned = insert_keyed(
         rows,
         mode,
-        run_round=lambda batch, m: run(jobs_insert(batch, job_key_mode=m), True),
+        run_round=lambda batch, m: run(
+            insert_statement(unique=False, sequenced=False, job_key_mode=m),
+            rows_param(batch),
+            True,
+        ),
         key_of=lambda row: row[2],
     )
     return [(row, met if row[1] else InsertAction.INSERTED) for row in returned]

@@ -25,6 +25,7 @@ Who decides what, without races:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -103,9 +104,24 @@ def _lock_id_sql(key: Any) -> ColumnElement[int]:
 def lock_sequence_keys(hex_keys: Iterable[str]) -> Select[Any]:
     """Take the advisory lock of every key, in sorted order, until the transaction ends."""
     ids = sorted({lock_id(key) for key in hex_keys})
-    numbers = func.unnest(bindparam("sa_jobs_sequence_locks", ids, type_=ARRAY(Integer)))
+    return _lock_numbers_statement().params(sa_jobs_sequence_locks=ids)
+
+
+@functools.cache
+def _lock_numbers_statement() -> Select[Any]:
+    numbers = func.unnest(bindparam("sa_jobs_sequence_locks", type_=ARRAY(Integer)))
     lock_number = numbers.table_valued("n").render_derived(name="lock_numbers")
     return select(func.count(func.pg_advisory_xact_lock(LOCK_CLASS, lock_number.c.n)))
+
+
+def lock_keys_in(key: ColumnElement[Any]) -> Select[Any]:
+    """Take the advisory locks of the sequence keys in ``key`` (a column of rows being
+    inserted), in sorted order."""
+    numbers = (
+        select(_lock_id_sql(key).label("n")).where(key.is_not(None)).distinct().subquery("numbers")
+    )
+    ordered = select(numbers.c.n).order_by(numbers.c.n).subquery("ordered_numbers")
+    return select(func.count(func.pg_advisory_xact_lock(LOCK_CLASS, ordered.c.n)))
 
 
 def waits_in_sequence(key: Any, ord_: Any) -> ColumnElement[bool]:
@@ -140,14 +156,13 @@ def _passes_slot_on() -> ColumnElement[bool]:
     )
 
 
-def locks_before_update(job_ids: Sequence[int]) -> Any:
+def locks_before_update(job_ids: Select[Any]) -> Any:
     """A CTE taking the sequence locks of these jobs; an UPDATE referencing it runs after.
 
     Finishing paths take sequence locks before any row lock, in the order inserters do,
     so the two never deadlock.
     """
-    ids = select(func.unnest(bindparam("sa_jobs_locking", list(job_ids), type_=ARRAY(Integer))))
-    return _lock_keys_of(ids).cte("sequence_locks")
+    return _lock_keys_of(job_ids).cte("sequence_locks")
 
 
 def _lock_keys_of(ids: Select[Any]) -> Select[Any]:

@@ -1,19 +1,34 @@
-"""Retrying database work through outages: exponential backoff, logged, never silent."""
+"""Talking to the database from the worker: retries with backoff through outages, and
+autocommit for work that is one statement."""
 
 from __future__ import annotations
 
 import logging
 import random
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TypeVar
 
+from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-__all__ = ["Backoff", "is_transient"]
+__all__ = ["Backoff", "autocommit", "is_transient"]
 
 T = TypeVar("T")
 log = logging.getLogger("sa_jobs.worker")
+
+
+_autocommit_engines: weakref.WeakKeyDictionary[Engine, Engine] = weakref.WeakKeyDictionary()
+
+
+def autocommit(engine: Engine) -> Engine:
+    """The engine in autocommit mode (same pool): single statements skip BEGIN/COMMIT."""
+    found = _autocommit_engines.get(engine)
+    if found is None:
+        found = engine.execution_options(isolation_level="AUTOCOMMIT")
+        _autocommit_engines[engine] = found
+    return found
 
 
 def is_transient(exc: BaseException) -> bool:

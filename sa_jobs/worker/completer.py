@@ -18,7 +18,7 @@ from typing import Protocol
 from sqlalchemy import Engine
 
 from sa_jobs.complete import Outcome, finish_in
-from sa_jobs.worker.backoff import Backoff
+from sa_jobs.worker.backoff import Backoff, autocommit
 
 __all__ = ["BatchCompleter", "Completer", "InlineCompleter"]
 
@@ -45,8 +45,16 @@ class Completer(Protocol):
         ...
 
 
-def write_outcomes(engine: Engine, outcomes: list[Outcome]) -> int:
-    """Write outcomes (and move their sequences on) in one transaction."""
+def write_outcomes(engine: Engine, outcomes: list[Outcome], *, transaction: bool = True) -> int:
+    """Write outcomes (and move their sequences on).
+
+    Without sequences it is one statement, so ``transaction=False`` sends it in
+    autocommit mode (one round trip instead of three). Sequences need the transaction:
+    their locks must hold until the next job of each sequence is promoted.
+    """
+    if not transaction:
+        with autocommit(engine).connect() as connection:
+            return len(finish_in(connection, outcomes))
     with engine.begin() as connection:
         return len(finish_in(connection, outcomes))
 
@@ -54,15 +62,18 @@ def write_outcomes(engine: Engine, outcomes: list[Outcome]) -> int:
 class InlineCompleter:
     """Writes each outcome at once, in the thread that produced it."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, transaction: bool = True) -> None:
         self._engine = engine
+        self._transaction = transaction
         self._backoff = Backoff("completing a job")
 
     def start(self) -> None:
         pass
 
     def submit(self, outcome: Outcome) -> None:
-        self._backoff.retry_forever(lambda: write_outcomes(self._engine, [outcome]))
+        self._backoff.retry_forever(
+            lambda: write_outcomes(self._engine, [outcome], transaction=self._transaction)
+        )
 
     def pending(self) -> int:
         return 0
@@ -77,8 +88,16 @@ class InlineCompleter:
 class BatchCompleter:
     """Writes outcomes in batches from a thread of its own."""
 
-    def __init__(self, engine: Engine, *, interval: float = 0.005, max_batch: int = 1000) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        interval: float = 0.005,
+        max_batch: int = 1000,
+        transaction: bool = True,
+    ) -> None:
         self._engine = engine
+        self._transaction = transaction
         self._interval = interval
         self._max_batch = max_batch
         self._queue: queue.Queue[Outcome | None] = queue.Queue()
@@ -132,4 +151,6 @@ class BatchCompleter:
                         self._in_flight[outcome.job_id] = left
 
     def _write(self, batch: list[Outcome]) -> None:
-        self._backoff.retry_forever(lambda: write_outcomes(self._engine, batch))
+        self._backoff.retry_forever(
+            lambda: write_outcomes(self._engine, batch, transaction=self._transaction)
+        )

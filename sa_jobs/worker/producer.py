@@ -8,40 +8,53 @@ or taking the same job.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Engine, case, func, null, select, text, update
+from sqlalchemy import (
+    Engine,
+    Integer,
+    Text,
+    bindparam,
+    case,
+    func,
+    null,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import ReturningUpdate
 
 from sa_jobs.models import CORE_COLUMNS, Job, JobState
-from sa_jobs.worker.backoff import is_transient
+from sa_jobs.worker.backoff import autocommit, is_transient
 
 __all__ = ["Producer", "fetch_jobs", "jobs_fetch_available"]
 
 log = logging.getLogger("sa_jobs.worker")
 
 
-def jobs_fetch_available(
-    queue: str, limit: int, worker_id: str, *, unique: bool = False
-) -> ReturningUpdate[Any]:
-    """Lock up to ``limit`` due jobs of ``queue`` and mark them running for ``worker_id``.
+@functools.cache
+def jobs_fetch_available(*, unique: bool = False) -> ReturningUpdate[Any]:
+    """Lock up to ``:fetch_limit`` due jobs of ``:fetch_queue``, mark them running for
+    ``:fetch_worker_id``.
 
-    With ``unique`` (the unique branch is installed), jobs whose lock lasts only until
-    they start (Faktory's ``unique_until: start``) give up their key here, for good.
+    Built once (it runs for every fetch); the three values are bound at execution. With
+    ``unique`` (the unique branch is installed), jobs whose lock lasts only until they
+    start (Faktory's ``unique_until: start``) give up their key here, for good.
     """
     locked = (
         select(Job.id)
         .where(
             Job.state == JobState.AVAILABLE,
-            Job.queue == queue,
+            Job.queue == bindparam("fetch_queue", type_=Text),
             Job.scheduled_at <= func.now(),
         )
         .order_by(Job.priority, Job.scheduled_at, Job.id)
-        .limit(limit)
+        .limit(bindparam("fetch_limit", type_=Integer))
         .with_for_update(skip_locked=True)
         .cte("locked")
     )
@@ -50,7 +63,8 @@ def jobs_fetch_available(
         "attempt": Job.attempt + 1,
         "attempted_at": func.now(),
         "attempted_by": func.array_append(
-            func.coalesce(Job.attempted_by, text("'{}'::text[]")), worker_id
+            func.coalesce(Job.attempted_by, text("'{}'::text[]")),
+            bindparam("fetch_worker_id", type_=Text),
         ),
     }
     if unique:
@@ -58,14 +72,21 @@ def jobs_fetch_available(
     return update(Job).where(Job.id == locked.c.id).values(values).returning(*CORE_COLUMNS)
 
 
+@functools.cache
+def _fetch_as_jobs(unique: bool) -> Any:
+    return select(Job).from_statement(jobs_fetch_available(unique=unique))
+
+
 def fetch_jobs(
     engine: Engine, queue: str, limit: int, worker_id: str, *, unique: bool = False
 ) -> list[Job]:
-    """Fetch and detach jobs, in the order they should start."""
-    with Session(engine, expire_on_commit=False) as session, session.begin():
-        fetch = jobs_fetch_available(queue, limit, worker_id, unique=unique)
-        statement = select(Job).from_statement(fetch)
-        jobs = list(session.scalars(statement))
+    """Fetch and detach jobs, in the order they should start.
+
+    One statement in autocommit mode: one round trip, no BEGIN/COMMIT around it.
+    """
+    params = {"fetch_queue": queue, "fetch_limit": limit, "fetch_worker_id": worker_id}
+    with Session(autocommit(engine), expire_on_commit=False) as session:
+        jobs = list(session.scalars(_fetch_as_jobs(unique), params))
     jobs.sort(key=lambda job: (job.priority, job.scheduled_at, job.id))
     return jobs
 

@@ -49,7 +49,9 @@ class Watchdog:
     def _push(self, when: float, reason: Interrupt, execution: Execution, *, settle: bool) -> None:
         with self._wake:
             heapq.heappush(self._heap, (when, next(self._order), reason, settle, execution))
-            self._wake.notify()
+            # Only a new earliest deadline changes how long the loop should sleep.
+            if self._heap[0][4] is execution:
+                self._wake.notify()
 
     def _loop(self) -> None:
         while True:

@@ -143,10 +143,11 @@ class Worker:
         # thread, while the watchdog frees its slot.
         self._pool = DaemonThreadPool(total * 2, "sa_jobs-job")
         self._loop = EventLoopThread(self.engine) if any(h.is_async for h in handlers) else None
+        # Sequences promote the next job under locks held to the end of a transaction.
         self._completer: Completer = (
-            BatchCompleter(self.engine)
+            BatchCompleter(self.engine, transaction=sequence)
             if self._completer_kind == "batch"
-            else InlineCompleter(self.engine)
+            else InlineCompleter(self.engine, transaction=sequence)
         )
         self._watchdog = Watchdog(self._interrupt_grace)
         self._producers = {
