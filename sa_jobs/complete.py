@@ -79,10 +79,24 @@ class Outcome:
     delay: float | None = None
     #: Appended to the job's ``errors``.
     error: dict[str, Any] | None = None
+    #: Whether the job is in a sequence; None when unknown (treated as maybe).
+    sequenced: bool | None = None
+
+    @classmethod
+    def of(cls, job: Job, ending: Ending, **details: Any) -> Outcome:
+        """An outcome for this run of ``job``."""
+        return cls(job.id, job.attempt, ending, sequenced=in_sequence(job), **details)
 
     @classmethod
     def completed(cls, job: Job) -> Outcome:
-        return cls(job.id, job.attempt, Ending.COMPLETED)
+        return cls.of(job, Ending.COMPLETED)
+
+
+def in_sequence(job: Job) -> bool | None:
+    """Whether a job is sequenced, if its row was loaded with ``sequence_key``."""
+    if "sequence_key" not in job.__dict__:
+        return None
+    return job.__dict__["sequence_key"] is not None
 
 
 def error_record(attempt: int, exc: BaseException, *, with_trace: bool = True) -> dict[str, Any]:
@@ -232,7 +246,7 @@ def _outcome_json(outcome: Outcome) -> dict[str, Any]:
 def finish_in(connection: Connection, outcomes: Sequence[Outcome]) -> list[tuple[int, JobState]]:
     """Write outcomes in the connection's transaction, and move sequences on with them."""
     branches = branches_of(connection)
-    sequence = SEQUENCE_BRANCH in branches
+    sequence = SEQUENCE_BRANCH in branches and any(o.sequenced is not False for o in outcomes)
     finish = finish_statement(sequence=sequence, job_key=JOB_KEY_BRANCH in branches)
     rows = connection.execute(finish, {OUTCOMES_PARAM: outcomes_json(outcomes)}).all()
     changed = [(int(job_id), JobState(state)) for job_id, state in rows]

@@ -45,14 +45,15 @@ class Completer(Protocol):
         ...
 
 
-def write_outcomes(engine: Engine, outcomes: list[Outcome], *, transaction: bool = True) -> int:
+def write_outcomes(engine: Engine, outcomes: list[Outcome], *, sequences: bool = True) -> int:
     """Write outcomes (and move their sequences on).
 
-    Without sequences it is one statement, so ``transaction=False`` sends it in
-    autocommit mode (one round trip instead of three). Sequences need the transaction:
-    their locks must hold until the next job of each sequence is promoted.
+    Without sequenced jobs it is one statement, sent in autocommit mode (one round trip
+    instead of three). Sequenced jobs need a transaction: their locks must hold until the
+    next job of each sequence is promoted. ``sequences`` says whether the database has
+    the sequence branch at all.
     """
-    if not transaction:
+    if not (sequences and any(outcome.sequenced is not False for outcome in outcomes)):
         with autocommit(engine).connect() as connection:
             return len(finish_in(connection, outcomes))
     with engine.begin() as connection:
@@ -62,9 +63,9 @@ def write_outcomes(engine: Engine, outcomes: list[Outcome], *, transaction: bool
 class InlineCompleter:
     """Writes each outcome at once, in the thread that produced it."""
 
-    def __init__(self, engine: Engine, *, transaction: bool = True) -> None:
+    def __init__(self, engine: Engine, *, sequences: bool = True) -> None:
         self._engine = engine
-        self._transaction = transaction
+        self._sequences = sequences
         self._backoff = Backoff("completing a job")
 
     def start(self) -> None:
@@ -72,7 +73,7 @@ class InlineCompleter:
 
     def submit(self, outcome: Outcome) -> None:
         self._backoff.retry_forever(
-            lambda: write_outcomes(self._engine, [outcome], transaction=self._transaction)
+            lambda: write_outcomes(self._engine, [outcome], sequences=self._sequences)
         )
 
     def pending(self) -> int:
@@ -94,10 +95,10 @@ class BatchCompleter:
         *,
         interval: float = 0.005,
         max_batch: int = 1000,
-        transaction: bool = True,
+        sequences: bool = True,
     ) -> None:
         self._engine = engine
-        self._transaction = transaction
+        self._sequences = sequences
         self._interval = interval
         self._max_batch = max_batch
         self._queue: queue.Queue[Outcome | None] = queue.Queue()
@@ -152,5 +153,5 @@ class BatchCompleter:
 
     def _write(self, batch: list[Outcome]) -> None:
         self._backoff.retry_forever(
-            lambda: write_outcomes(self._engine, batch, transaction=self._transaction)
+            lambda: write_outcomes(self._engine, batch, sequences=self._sequences)
         )

@@ -135,8 +135,8 @@ class Execution:
         if reason is Interrupt.TIMEOUT:
             return self._failure(error, with_trace=False)
         if reason is Interrupt.CANCELLED:
-            return Outcome(job.id, job.attempt, Ending.CANCELLED, error=_record(job, error))
-        return Outcome(job.id, job.attempt, Ending.RETURNED)
+            return Outcome.of(job, Ending.CANCELLED, error=_record(job, error))
+        return Outcome.of(job, Ending.RETURNED)
 
     def outcome_for_exception(self, exc: BaseException) -> Outcome:
         job = self.job
@@ -147,9 +147,9 @@ class Execution:
         if self._interrupt is Interrupt.TIMEOUT:
             return self.outcome_for_interrupt(Interrupt.TIMEOUT)
         if isinstance(exc, JobSnooze):
-            return Outcome(job.id, job.attempt, Ending.SNOOZED, delay=exc.seconds)
+            return Outcome.of(job, Ending.SNOOZED, delay=exc.seconds)
         if isinstance(exc, JobCancel):
-            return Outcome(job.id, job.attempt, Ending.CANCELLED, error=_record(job, exc))
+            return Outcome.of(job, Ending.CANCELLED, error=_record(job, exc))
         return self._failure(exc)
 
     def _failure(self, exc: BaseException, *, with_trace: bool = True) -> Outcome:
@@ -163,9 +163,8 @@ class Execution:
             delay = policy.next_delay(job).total_seconds()
         except Exception:  # a broken policy must not lose the failure
             delay = 1.0
-        return Outcome(
-            job.id,
-            job.attempt,
+        return Outcome.of(
+            job,
             Ending.FAILED,
             delay=max(delay, 0.0),
             error=error_record(job.attempt, exc, with_trace=with_trace),

@@ -143,18 +143,19 @@ class Worker:
         # thread, while the watchdog frees its slot.
         self._pool = DaemonThreadPool(total * 2, "sa_jobs-job")
         self._loop = EventLoopThread(self.engine) if any(h.is_async for h in handlers) else None
-        # Sequences promote the next job under locks held to the end of a transaction.
         self._completer: Completer = (
-            BatchCompleter(self.engine, transaction=sequence)
+            BatchCompleter(self.engine, sequences=sequence)
             if self._completer_kind == "batch"
-            else InlineCompleter(self.engine, transaction=sequence)
+            else InlineCompleter(self.engine, sequences=sequence)
         )
         self._watchdog = Watchdog(self._interrupt_grace)
         self._producers = {
             queue: Producer(
                 queue,
                 concurrency,
-                fetch=lambda q, limit: fetch_jobs(self.engine, q, limit, self.id, unique=unique),
+                fetch=lambda q, limit: fetch_jobs(
+                    self.engine, q, limit, self.id, unique=unique, sequence=sequence
+                ),
                 dispatch=self._dispatch,
                 poll_interval=self.poll_interval,
                 stopping=self._stopping_fetch,
