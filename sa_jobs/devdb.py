@@ -16,6 +16,7 @@ import contextlib
 import os
 import tempfile
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 
 import attrs
@@ -78,6 +79,9 @@ def start_embedded() -> Server:
             "pip install 'sa-jobs[embedded]', or set SA_JOBS_DATABASE_URL"
         ) from exc
     data_dir = tempfile.mkdtemp(prefix="sa_jobs_pg_")
+    # pgserver asks platformdirs for a runtime dir, which warns when XDG_RUNTIME_DIR is
+    # unset (containers, CI); the fallback it takes is fine.
+    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     server = pgserver.get_server(  # type: ignore[attr-defined,unused-ignore]
         data_dir, cleanup_mode="delete"
     )
