@@ -26,7 +26,6 @@ from sqlalchemy import (
     SmallInteger,
     Text,
     and_,
-    bindparam,
     case,
     column,
     func,
@@ -41,7 +40,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.sql.dml import ReturningUpdate
 
 from sa_jobs.errors import JobNotFoundError, JobStateError
-from sa_jobs.models import FINAL_STATES, Job, JobState, job_state_type
+from sa_jobs.models import FINAL_STATES, Job, JobState, job_state_type, json_recordset
 from sa_jobs.schema import JOB_KEY_BRANCH, SEQUENCE_BRANCH, branches_of
 from sa_jobs.sequence import advance_sequences, locks_before_update
 
@@ -154,16 +153,7 @@ def _build_finish(
     taken first; follow with :func:`finish_in` or :func:`~sa_jobs.sequence.advance_sequences`.
     With ``job_key``, a job that completes or is cancelled releases its key.
     """
-    outcomes = (
-        bindparam(OUTCOMES_PARAM, bound, type_=JSONB)
-        if bound is not None
-        else bindparam(OUTCOMES_PARAM, type_=JSONB)
-    )
-    source = (
-        func.jsonb_to_recordset(outcomes)
-        .table_valued(*_OUTCOME_COLUMNS)
-        .render_derived(name="outcome", with_types=True)
-    )
+    source = json_recordset(OUTCOMES_PARAM, _OUTCOME_COLUMNS, "outcome", bound)
     ending = source.c.ending
     cancel_requested = Job.metadata_.has_key(CANCEL_ATTEMPTED_KEY)
     # A running job whose job key a new add took never runs again, not even by a snooze
@@ -186,11 +176,7 @@ def _build_finish(
     gives_attempt_back = ending.in_([Ending.SNOOZED.value, Ending.RETURNED.value])
     guards = [Job.id == source.c.id, Job.attempt == source.c.attempt, Job.state == JobState.RUNNING]
     if sequence:
-        ids = (
-            func.jsonb_to_recordset(outcomes)
-            .table_valued(column("id", BigInteger))
-            .render_derived(name="locking", with_types=True)
-        )
+        ids = json_recordset(OUTCOMES_PARAM, [column("id", BigInteger)], "locking", bound)
         locks = locks_before_update(select(ids.c.id))
         guards.append(select(func.count()).select_from(locks).scalar_subquery() >= 0)
     statement = (

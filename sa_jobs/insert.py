@@ -35,7 +35,6 @@ from sqlalchemy import (
     SmallInteger,
     Text,
     and_,
-    bindparam,
     case,
     column,
     false,
@@ -65,12 +64,13 @@ from sa_jobs.models import (
     Job,
     JobState,
     job_state_type,
+    json_recordset,
     unique_index,
 )
 from sa_jobs.options import InsertOpts, JobKeyMode, ResolvedInsert
 from sa_jobs.schema import translate_missing_schema
 from sa_jobs.sequence import lock_keys_in, lock_sequence_keys, sequence_values, waits_in_sequence
-from sa_jobs.unique import fold_duplicates, release_expired_locks, unique_values
+from sa_jobs.unique import fold_duplicates, release_expired_locks, unique_duplicate, unique_values
 
 __all__ = [
     "InsertManyParams",
@@ -274,20 +274,12 @@ def _build_insert(
     job_key_mode: JobKeyMode | None = None,
     bound: Any = None,
 ) -> Insert:
-    # ``bound`` gives the rows parameter a value (jobs_insert); without it the statement
-    # is a template that each execution passes rows to.
-    rows = (
-        bindparam(ROWS_PARAM, bound, type_=JSONB)
-        if bound is not None
-        else bindparam(ROWS_PARAM, type_=JSONB)
-    )
-    source = (
-        func.jsonb_to_recordset(rows)
-        .table_valued(*_ROW_COLUMNS)
-        .render_derived(name="job_rows", with_types=True)
-    )
+    source = json_recordset(ROWS_PARAM, _ROW_COLUMNS, "job_rows", bound)
     due_at = func.coalesce(source.c.scheduled_at, func.now())
-    waits = waits_in_sequence(source.c.sequence_key, source.c.ord) if sequenced else false()
+    inserted = ~unique_duplicate(source.c.unique_key) if unique else None
+    waits = (
+        waits_in_sequence(source.c.sequence_key, source.c.ord, inserted) if sequenced else false()
+    )
     state = case(
         (waits, JobState.PENDING.value),
         (due_at > func.now(), JobState.SCHEDULED.value),

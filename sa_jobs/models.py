@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -26,13 +27,14 @@ from sqlalchemy import (
     Table,
     Text,
     and_,
+    bindparam,
     event,
     func,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, BIT, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-from sqlalchemy.sql.expression import ColumnElement, FromClause
+from sqlalchemy.sql.expression import ColumnClause, ColumnElement, FromClause
 
 from sa_jobs.args import JobKind, default_registry
 
@@ -333,6 +335,24 @@ RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 $$
 """
 event.listen(job_table, "before_create", DDL(STATE_IN_BITMASK_FUNCTION))  # type: ignore[no-untyped-call]
+
+
+def json_recordset(
+    param: str, columns: Sequence[ColumnClause[Any]], name: str, bound: Any = None
+) -> Any:
+    """``jsonb_to_recordset(:param) AS name(columns...)``: how batch statements take rows.
+
+    With ``bound`` the parameter carries that value (a statement to execute as is);
+    without it the statement is a template, built once, that each execution fills in.
+    """
+    rows = (
+        bindparam(param, bound, type_=JSONB) if bound is not None else bindparam(param, type_=JSONB)
+    )
+    return (
+        func.jsonb_to_recordset(rows)
+        .table_valued(*columns)
+        .render_derived(name=name, with_types=True)
+    )
 
 
 def states_bitmask(states: frozenset[JobState]) -> str:

@@ -124,15 +124,24 @@ def lock_keys_in(key: ColumnElement[Any]) -> Select[Any]:
     return select(func.count(func.pg_advisory_xact_lock(LOCK_CLASS, ordered.c.n)))
 
 
-def waits_in_sequence(key: Any, ord_: Any) -> ColumnElement[bool]:
+def waits_in_sequence(
+    key: Any, ord_: Any, inserted: ColumnElement[bool] | None = None
+) -> ColumnElement[bool]:
     """For a row being inserted: must it wait (``pending``) rather than take the slot?
 
     It waits if an earlier row of the same batch is in its sequence, or if the sequence
     has a slot holder or waiting jobs. Sound only under the keys' advisory locks.
+    ``inserted`` tells rows that will really be written from unique duplicates that
+    will not; only the former count as earlier rows.
     """
     holder = job_table.alias("holder")
     waiting = job_table.alias("waiting")
-    earlier_in_batch = func.row_number().over(partition_by=key, order_by=ord_) > 1
+    if inserted is None:
+        earlier_in_batch = func.row_number().over(partition_by=key, order_by=ord_) > 1
+    else:
+        earlier = func.count().filter(inserted)
+        window = earlier.over(partition_by=key, order_by=ord_, rows=(None, -1))
+        earlier_in_batch = func.coalesce(window, 0) > 0
     slot_taken = exists().where(
         holder.c.sequence_key == key, holder.c.sequence_key.is_not(None), holder.c.sequence_slot
     )
@@ -195,9 +204,11 @@ def _promote_next(released: Any) -> Select[int, Any]:
         update(Job)
         .where(Job.id.in_(select(next_id).select_from(released)))
         .values(
+            # clock_timestamp, not now(): now() is when this transaction began, and a job
+            # inserted since then would wrongly look scheduled (and wait for a pass).
             state=sql_cast(
                 case(
-                    (Job.scheduled_at > func.now(), JobState.SCHEDULED.value),
+                    (Job.scheduled_at > func.clock_timestamp(), JobState.SCHEDULED.value),
                     else_=JobState.AVAILABLE.value,
                 ),
                 job_state_type,
@@ -277,23 +288,34 @@ def jobs_stalled_sequences(limit: int) -> Select[Any]:
 
 
 class SequencePromoter:
-    """The maintenance pass that restarts stalled sequences."""
+    """The maintenance pass that restarts stalled sequences.
+
+    Two kinds of stall: a slot holder that finished without passing its slot on (its
+    state was changed by hand, say), and waiting jobs with no holder at all (an inserter
+    rolled back, a crash, a hand edit).
+    """
 
     def __init__(self, limit: int = 1000) -> None:
         self.limit = limit
 
     def run_once(self, connection: Connection) -> int:
         """Returns the number of sequences restarted."""
+        finished_holders = connection.scalars(
+            select(Job.id)
+            .where(Job.sequence_key.is_not(None), Job.sequence_slot, _passes_slot_on())
+            .limit(self.limit)
+        ).all()
+        restarted = advance_sequences(connection, list(finished_holders))
         candidates = [row.id for row in connection.execute(jobs_stalled_sequences(self.limit))]
         if not candidates:
-            return 0
+            return restarted
         ids = select(func.unnest(bindparam("sa_jobs_stalled", candidates, type_=ARRAY(Integer))))
         connection.execute(_lock_keys_of(ids))
         # Under the locks, with a fresh snapshot: take only sequences still without holder.
         stalled = jobs_stalled_sequences(self.limit).subquery("still_stalled")
         keys = select(Job.sequence_key).where(Job.id.in_(select(stalled.c.id))).cte("stalled_keys")
         promoted, _ = connection.execute(_promote_next(keys)).one()
-        return int(promoted)
+        return restarted + int(promoted)
 
 
 # --------------------------------------------------------------------------- retrying

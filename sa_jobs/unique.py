@@ -15,7 +15,8 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, null, select, update
+from sqlalchemy import and_, exists, func, null, or_, select, update
+from sqlalchemy.sql.expression import ColumnElement
 from sqlalchemy.sql.selectable import CTE, TableValuedAlias
 
 from sa_jobs.args import JobKind
@@ -78,6 +79,19 @@ def fold_duplicates(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]
         answer.append(len(sent))
         sent.append(row)
     return sent, answer
+
+
+def unique_duplicate(key: Any) -> ColumnElement[bool]:
+    """For a row being inserted: will ON CONFLICT find a live holder of its unique key?"""
+    holder = job_table.alias("unique_holder")
+    return and_(
+        key.is_not(None),
+        exists().where(
+            holder.c.unique_key == key,
+            holds_unique_key(holder),
+            or_(holder.c.unique_expires_at.is_(None), holder.c.unique_expires_at > func.now()),
+        ),
+    )
 
 
 def release_expired_locks(source: TableValuedAlias) -> CTE:

@@ -1,7 +1,8 @@
 """sa_jobs job_key: Graphile Worker's job keys.
 
 Revision ID: sajobs_job_key_0001
-Revises: sajobs_core_0001
+Revises:
+Depends on: sajobs_core_0001
 Create Date: 2026-11-22
 
 The root of the ``sa_jobs_job_key`` branch.
@@ -15,9 +16,9 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "sajobs_job_key_0001"
-down_revision: str | Sequence[str] | None = "sajobs_core_0001"
+down_revision: str | Sequence[str] | None = None
 branch_labels: str | Sequence[str] | None = ("sa_jobs_job_key",)
-depends_on: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = "sajobs_core_0001"
 
 
 def upgrade() -> None:

@@ -1,7 +1,8 @@
 """sa_jobs sequence: sequence key and slot columns, the slot index, the pending index.
 
 Revision ID: sajobs_sequence_0001
-Revises: sajobs_core_0001
+Revises:
+Depends on: sajobs_core_0001
 Create Date: 2026-11-22
 
 The root of the ``sa_jobs_sequence`` branch. A sequence's one slot is held by its
@@ -18,9 +19,9 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "sajobs_sequence_0001"
-down_revision: str | Sequence[str] | None = "sajobs_core_0001"
+down_revision: str | Sequence[str] | None = None
 branch_labels: str | Sequence[str] | None = ("sa_jobs_sequence",)
-depends_on: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = "sajobs_core_0001"
 
 
 def upgrade() -> None:

@@ -1,7 +1,8 @@
 """sa_jobs unique: unique key columns, the state bitmask function, the unique index.
 
 Revision ID: sajobs_unique_0001
-Revises: sajobs_core_0001
+Revises:
+Depends on: sajobs_core_0001
 Create Date: 2026-11-22
 
 The root of the ``sa_jobs_unique`` branch.
@@ -16,9 +17,9 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "sajobs_unique_0001"
-down_revision: str | Sequence[str] | None = "sajobs_core_0001"
+down_revision: str | Sequence[str] | None = None
 branch_labels: str | Sequence[str] | None = ("sa_jobs_unique",)
-depends_on: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = "sajobs_core_0001"
 
 # Bit i of unique_states stands for the i-th state of sa_job_state, in declaration order.
 STATE_IN_BITMASK_FUNCTION = """

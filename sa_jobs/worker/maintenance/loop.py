@@ -94,7 +94,7 @@ class MaintenanceLoop:
         self.config = config
         self.presence = presence
         self.election = election
-        self.scheduler = Scheduler(unique=unique)
+        self.scheduler = Scheduler(unique=unique, sequence=sequence)
         self.rescuer = Rescuer(config.rescue_after, sequence=sequence, job_key=job_key)
         # Every process rescues the jobs its own id holds but it does not (see Presence).
         presence.rescuer = self.rescuer

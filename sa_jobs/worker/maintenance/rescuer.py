@@ -17,13 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, exists, func, literal, null, select, update
+from sqlalchemy import Connection, Select, and_, case, exists, func, literal, null, select, update
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.sql.dml import ReturningUpdate
 
 from sa_jobs.complete import CANCEL_ATTEMPTED_KEY
 from sa_jobs.models import FINAL_STATES, Job, JobState, WorkerProcess, job_state_type
-from sa_jobs.sequence import advance_sequences
+from sa_jobs.sequence import advance_sequences, lock_sequences_of_jobs
 
 __all__ = ["Rescuer", "jobs_rescue_orphaned"]
 
@@ -32,18 +32,13 @@ def _seconds(value: object) -> object:
     return func.make_interval(0, 0, 0, 0, 0, 0, value)
 
 
-def jobs_rescue_orphaned(
-    rescue_after: float,
-    limit: int,
-    *,
-    job_key: bool = False,
-    own: tuple[str, Sequence[int]] | None = None,
-) -> ReturningUpdate[int, JobState]:
-    """Rescue up to ``limit`` running jobs whose worker is gone; returns ``(id, state)``.
+def jobs_orphaned(
+    rescue_after: float, limit: int, *, own: tuple[str, Sequence[int]] | None = None
+) -> Select[int]:
+    """Ids of up to ``limit`` running jobs whose worker is gone (see the module docstring).
 
-    With ``own=(worker_id, held_ids)``, rescue instead the jobs running under that
-    worker id that the (live) process does not hold. With ``job_key``, a rescued job
-    that ends cancelled releases its key.
+    With ``own=(worker_id, held_ids)``: instead, the jobs running under that worker id
+    that the (live) process does not hold.
     """
     last_worker = Job.attempted_by[func.cardinality(Job.attempted_by)]
     if own is None:
@@ -55,7 +50,7 @@ def jobs_rescue_orphaned(
     else:
         worker_id, held = own
         lost = and_(last_worker == worker_id, Job.id.not_in(list(held)))
-    orphaned = (
+    return (
         select(Job.id)
         .where(
             Job.state == JobState.RUNNING,
@@ -63,9 +58,28 @@ def jobs_rescue_orphaned(
             lost,
         )
         .limit(limit)
-        .with_for_update(skip_locked=True)
-        .cte("orphaned")
     )
+
+
+def jobs_rescue_orphaned(
+    rescue_after: float,
+    limit: int,
+    *,
+    job_key: bool = False,
+    own: tuple[str, Sequence[int]] | None = None,
+    among: Sequence[int] | None = None,
+) -> ReturningUpdate[int, JobState]:
+    """Rescue up to ``limit`` running jobs whose worker is gone; returns ``(id, state)``.
+
+    ``own`` is as for :func:`jobs_orphaned`; ``among`` limits the rescue to these ids
+    (already chosen, and their sequences locked). With ``job_key``, a rescued job that
+    ends cancelled releases its key.
+    """
+    last_worker = Job.attempted_by[func.cardinality(Job.attempted_by)]
+    candidates = jobs_orphaned(rescue_after, limit, own=own)
+    if among is not None:
+        candidates = candidates.where(Job.id.in_(list(among)))
+    orphaned = candidates.with_for_update(skip_locked=True).cte("orphaned")
     next_state = case(
         (Job.metadata_.has_key(CANCEL_ATTEMPTED_KEY), JobState.CANCELLED.value),
         (Job.attempt >= Job.max_attempts, JobState.DISCARDED.value),
@@ -130,7 +144,16 @@ class Rescuer:
         self, connection: Connection, *, own: tuple[str, Sequence[int]] | None = None
     ) -> int:
         """Returns the number of jobs rescued (see :func:`jobs_rescue_orphaned` for ``own``)."""
-        rescue = jobs_rescue_orphaned(self.rescue_after, self.limit, job_key=self.job_key, own=own)
+        among = None
+        if self.sequence:
+            # Sequence locks before row locks, in the order inserters take them.
+            among = list(connection.scalars(jobs_orphaned(self.rescue_after, self.limit, own=own)))
+            if not among:
+                return 0
+            lock_sequences_of_jobs(connection, among)
+        rescue = jobs_rescue_orphaned(
+            self.rescue_after, self.limit, job_key=self.job_key, own=own, among=among
+        )
         rescued = connection.execute(rescue).all()
         if self.sequence:
             finished = [job_id for job_id, state in rescued if state in FINAL_STATES]

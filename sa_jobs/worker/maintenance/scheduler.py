@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Select, case, func, literal, null, select, update
+from sqlalchemy import Connection, Select, Text, case, func, literal, null, select, update
 from sqlalchemy import cast as sql_cast
 
 from sa_jobs.models import Job, JobState, holds_unique_key, job_state_type, job_table
 from sa_jobs.schema import INSERT_CHANNEL
+from sa_jobs.sequence import advance_sequences
 
 __all__ = ["UNIQUE_CONFLICT_KEY", "Scheduler", "jobs_schedule_due"]
 
@@ -26,7 +27,8 @@ UNIQUE_CONFLICT_KEY = "unique_key_conflict"
 def jobs_schedule_due(limit: int, *, unique: bool = False) -> Select[Any]:
     """Promote up to ``limit`` due jobs and notify their queues, in one statement.
 
-    Returns ``(queue, count)`` per queue that received jobs.
+    Returns ``(id, new state, _)`` for every job it changed: made available, or — a unique
+    job whose key was taken meanwhile — discarded.
     """
     due = (
         select(Job.id)
@@ -70,18 +72,17 @@ def jobs_schedule_due(limit: int, *, unique: bool = False) -> Select[Any]:
         update(Job)
         .where(Job.id == target.c.id)
         .values(values)
-        .returning(Job.queue, Job.state)
+        .returning(Job.id, Job.queue, Job.state)
         .cte("promoted")
     )
-    return (
-        select(
-            promoted.c.queue,
-            func.count(),
-            func.pg_notify(literal(INSERT_CHANNEL), promoted.c.queue),
+    # PostgreSQL folds identical notifications within a transaction: one per queue.
+    notify = case(
+        (
+            promoted.c.state == JobState.AVAILABLE,
+            func.pg_notify(literal(INSERT_CHANNEL), promoted.c.queue).cast(Text),
         )
-        .where(promoted.c.state == JobState.AVAILABLE)
-        .group_by(promoted.c.queue)
     )
+    return select(promoted.c.id, promoted.c.state, notify)
 
 
 def _key_taken_by(due: Any) -> Select[Any]:
@@ -118,11 +119,18 @@ def _key_taken_by(due: Any) -> Select[Any]:
 
 
 class Scheduler:
-    def __init__(self, limit: int = 10_000, *, unique: bool = False) -> None:
+    def __init__(
+        self, limit: int = 10_000, *, unique: bool = False, sequence: bool = False
+    ) -> None:
         self.limit = limit
         self.unique = unique
+        self.sequence = sequence
 
     def run_once(self, connection: Connection) -> int:
         """Returns the number of jobs made available."""
         rows = connection.execute(jobs_schedule_due(self.limit, unique=self.unique)).all()
-        return sum(count for _, count, _ in rows)
+        discarded = [job_id for job_id, state, _ in rows if state is JobState.DISCARDED]
+        if self.sequence and discarded:
+            # A discarded job in a sequence passes its slot on (or halts it) like any other.
+            advance_sequences(connection, discarded)
+        return sum(1 for _, state, _ in rows if state is JobState.AVAILABLE)
