@@ -4,8 +4,8 @@ Revision ID: sajobs_core_0001
 Revises:
 Create Date: 2026-11-22
 
-The root of the ``sa_jobs_core`` branch. Feature branches (unique, sequence, job_key)
-branch off this revision.
+The root of the ``sa_jobs_core`` branch. The feature branches (unique, sequence,
+job_key) are roots of their own that depend on this revision.
 """
 
 from __future__ import annotations
