@@ -20,7 +20,7 @@ from sa_jobs.insert import (
     insert_job,
     insert_many,
 )
-from sa_jobs.job_key import remove_job
+from sa_jobs.job_key import RemoveOutcome, remove_job
 from sa_jobs.models import Job, JobState, metadata
 from sa_jobs.options import InsertOpts, JobKeyMode, SequenceOpts, UniqueOpts
 from sa_jobs.schema import downgrade, migrate
@@ -38,6 +38,7 @@ __all__ = [
     "JobState",
     "KindRegistry",
     "MaintenanceConfig",
+    "RemoveOutcome",
     "Retention",
     "RetryPolicy",
     "SaJobsError",
