@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import event, inspect
 from sqlalchemy.orm import Session, UOWTransaction
+from sqlalchemy.orm.attributes import set_committed_value
 
 from sa_jobs.args import (
     KindDefaults,
@@ -121,9 +122,15 @@ def _become_row(session: Session, job: Job, row: Any, action: InsertAction) -> N
     job.__dict__.pop("_sa_jobs_row", None)
     state = inspect(job)
     key = Job.__mapper__.identity_key_from_primary_key((job.id,))
-    if key in session.identity_map:
-        # The row is already represented in this session (a duplicate of a job loaded
-        # earlier): keep that object canonical and leave this one detached.
+    existing = session.identity_map.get(key)
+    if existing is not None:
+        # The row is already represented in this session (a job loaded earlier, now
+        # replaced by a job key or met as a duplicate): keep that object canonical, bring
+        # it up to date, and leave this one detached.
+        for attribute in Job.__mapper__.column_attrs:
+            name = attribute.columns[0].name
+            if name in row:
+                set_committed_value(existing, attribute.key, row[name])
         session.expunge(job)
         return
     # What the unit of work does for a flushed pending object: give it its identity key,

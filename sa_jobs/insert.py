@@ -18,6 +18,7 @@ identical notifications within a transaction, so a transaction notifies each que
 
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import enum
 import functools
@@ -503,9 +504,12 @@ def _write_keyed(
 
 
 def _attach_args(results: Sequence[InsertResult], pairs: Sequence[tuple[object, Any]]) -> None:
-    # The caller already holds the args instances; spare job.args a decode.
+    # The caller already holds the args instances; spare job.args a decode — but only
+    # where the stored args are exactly those (not a job met again later in the batch,
+    # whose payload a repeat of its key replaced or merged).
+    uses = collections.Counter(id(result.job) for result in results)
     for result, (args, _) in zip(results, pairs, strict=True):
-        if result.action is InsertAction.INSERTED:
+        if result.action is InsertAction.INSERTED and uses[id(result.job)] == 1:
             result.job.remember_args(args)
 
 

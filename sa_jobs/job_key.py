@@ -8,7 +8,8 @@ Graphile's algorithm:
 * the holder is running (Graphile: *locked*) → it loses the key and its remaining
   attempts (it finishes, but never runs again), and a new job is created;
 * the holder has failed before (retryable, or discarded with attempts spent) → it is
-  reset (attempt 0, errors cleared) and takes every new value, ``scheduled_at`` included;
+  reset (errors cleared, a full set of attempts again) and takes every new value,
+  ``scheduled_at`` included;
 * otherwise it takes every new value — except ``scheduled_at`` under
   ``preserve_run_at``.
 
@@ -137,7 +138,11 @@ def keyed_upsert(statement: PgInsert, mode: JobKeyMode) -> ReturningInsert[Any]:
                 ),
                 columns.queue: excluded.queue,
                 columns.priority: excluded.priority,
-                columns.max_attempts: excluded.max_attempts,
+                # Graphile resets attempts to 0. We never lower ``attempt`` — a run is
+                # identified by (id, attempt), and a late result of an old run must never
+                # match a new one — so a fresh set of attempts is granted through
+                # max_attempts instead. This also keeps attempts a snooze gave back.
+                columns.max_attempts: func.least(excluded.max_attempts + columns.attempt, 32767),
                 columns.tags: excluded.tags,
                 columns.metadata: excluded["metadata"],
                 columns.scheduled_at: scheduled_at,
@@ -145,7 +150,6 @@ def keyed_upsert(statement: PgInsert, mode: JobKeyMode) -> ReturningInsert[Any]:
                     (scheduled_at > func.now(), JobState.SCHEDULED.value),
                     else_=JobState.AVAILABLE.value,
                 ).cast(job_state_type),
-                columns.attempt: case((failed_before, 0), else_=columns.attempt),
                 columns.errors: case((failed_before, text("'[]'::jsonb")), else_=columns.errors),
                 columns.finalized_at: null(),
             },

@@ -10,6 +10,7 @@ a version table of their own, ``sa_jobs_alembic_version``.
 from __future__ import annotations
 
 import contextlib
+import re
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -136,6 +137,9 @@ def translate_missing_schema() -> Iterator[None]:
             raise SchemaMissingError(CORE_BRANCH, detail) from exc
         if sqlstate == "42703":  # undefined column: a feature branch is missing
             for branch, marker in _BRANCH_MARKER_COLUMNS.items():
-                if f'"{marker.split("_")[0]}_' in message:
+                # PostgreSQL names the column with or without quotes and a table prefix
+                # ('column "unique_key" of relation ...', 'column sa_job.job_key ...').
+                prefix = marker.split("_")[0] + "_"
+                if re.search(rf"(?<![\w]){re.escape(prefix)}\w*", message):
                     raise SchemaMissingError(branch, detail) from exc
         raise
