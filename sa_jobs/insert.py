@@ -69,9 +69,15 @@ from sa_jobs.models import (
     unique_index,
 )
 from sa_jobs.options import InsertOpts, JobKeyMode, ResolvedInsert
-from sa_jobs.schema import translate_missing_schema
+from sa_jobs.schema import STATEMENT_OPTION, translate_missing_schema
 from sa_jobs.sequence import lock_keys_in, lock_sequence_keys, sequence_values, waits_in_sequence
-from sa_jobs.unique import fold_duplicates, release_expired_locks, unique_duplicate, unique_values
+from sa_jobs.unique import (
+    fold_duplicates,
+    lock_unique_keys,
+    release_expired_locks,
+    unique_duplicate,
+    unique_values,
+)
 
 __all__ = [
     "InsertManyParams",
@@ -345,8 +351,19 @@ def _build_insert(
     # River's trick: a no-op update makes the existing row come back from RETURNING,
     # and xmax tells the two cases apart. Nothing of the existing row changes.
     return statement.on_conflict_do_update(
-        constraint=unique_index, set_={"kind": statement.excluded.kind}
+        constraint=unique_index, set_={Job.__table__.c.kind: Job.__table__.c.kind}
     ).returning(*CORE_COLUMNS, literal_column("xmax <> 0", Boolean).label(SKIPPED_COLUMN))
+
+
+def lock_unique_keys_of(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    """Before a batch with several unique keys: lock them in sorted order.
+
+    ON CONFLICT waits on each existing (or being-inserted) row in turn, in the batch's
+    order; two batches meeting the same keys in different orders would deadlock.
+    """
+    keys = [row["unique_key"] for row in rows if row.get("unique_key")]
+    if len(keys) > 1:
+        connection.execute(lock_unique_keys(keys))
 
 
 def lock_sequences_of(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
@@ -379,7 +396,8 @@ def insert_job(args: object, opts: InsertOpts | None = None, **options: Any) -> 
             "second round when a worker starts the existing job mid-statement; use "
             "sa_jobs.insert() or sa_jobs.enqueue() for job keys",
         )
-    return jobs_insert(rows, lock_sequences=True)
+    statement = jobs_insert(rows, lock_sequences=True)
+    return statement.execution_options(**{STATEMENT_OPTION: True})
 
 
 def insert(
@@ -473,11 +491,14 @@ def _write_plain(
     for start in range(0, len(rows), batch_size):
         sent, answers = fold_duplicates(rows[start : start + batch_size])
         lock_sequences_of(connection, sent)
+        lock_unique_keys_of(connection, sent)
         returned = run(insert_statement(**statement_shape(sent)), rows_param(sent), False)
-        for position, answer in enumerate(answers):
+        answered: set[int] = set()
+        for answer in answers:
             row = returned[answer]
             # A row folded into an earlier one of the same batch is that one's duplicate.
-            duplicate = bool(row[1]) or answers.index(answer) != position
+            duplicate = bool(row[1]) or answer in answered
+            answered.add(answer)
             results.append(
                 (row, InsertAction.SKIPPED_DUPLICATE if duplicate else InsertAction.INSERTED)
             )

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, func, select, text
+from sqlalchemy import Connection, Engine, event, func, select, text
+from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import ProgrammingError
 
 from sa_jobs.errors import SchemaMissingError
@@ -123,6 +124,27 @@ def branches_of(connection: Connection) -> frozenset[str]:
     return cached
 
 
+def missing_schema_error(exc: BaseException) -> SchemaMissingError | None:
+    """The :class:`SchemaMissingError` a database error stands for, if it is one.
+
+    "relation sa_job does not exist" means the core branch is missing; an unknown
+    feature column (PostgreSQL names it with or without quotes and table prefix) means
+    that feature's branch is.
+    """
+    orig = getattr(exc, "orig", exc)
+    sqlstate = getattr(orig, "sqlstate", None)
+    message = str(orig)
+    detail = message.splitlines()[0] if message else ""
+    if sqlstate in ("42P01", "42704") and "sa_job" in message:
+        return SchemaMissingError(CORE_BRANCH, detail)
+    if sqlstate == "42703":
+        for branch, marker in _BRANCH_MARKER_COLUMNS.items():
+            prefix = marker.split("_")[0] + "_"
+            if re.search(rf"(?<![\w]){re.escape(prefix)}\w*", message):
+                return SchemaMissingError(branch, detail)
+    return None
+
+
 @contextlib.contextmanager
 def translate_missing_schema() -> Iterator[None]:
     """Turn "relation sa_job does not exist" (or a feature's missing column) into an error
@@ -130,16 +152,22 @@ def translate_missing_schema() -> Iterator[None]:
     try:
         yield
     except ProgrammingError as exc:
-        sqlstate = getattr(exc.orig, "sqlstate", None)
-        message = str(exc.orig)
-        detail = message.splitlines()[0]
-        if sqlstate in ("42P01", "42704") and "sa_job" in message:
-            raise SchemaMissingError(CORE_BRANCH, detail) from exc
-        if sqlstate == "42703":  # undefined column: a feature branch is missing
-            for branch, marker in _BRANCH_MARKER_COLUMNS.items():
-                # PostgreSQL names the column with or without quotes and a table prefix
-                # ('column "unique_key" of relation ...', 'column sa_job.job_key ...').
-                prefix = marker.split("_")[0] + "_"
-                if re.search(rf"(?<![\w]){re.escape(prefix)}\w*", message):
-                    raise SchemaMissingError(branch, detail) from exc
+        error = missing_schema_error(exc)
+        if error is not None:
+            raise error from exc
         raise
+
+
+#: Execution option marking statements sa_jobs built, so their errors can be translated
+#: even when the caller executes them (``insert_job()``).
+STATEMENT_OPTION = "sa_jobs_statement"
+
+
+@event.listens_for(Engine, "handle_error")
+def _translate_for_callers(context: ExceptionContext) -> None:
+    execution = context.execution_context
+    if execution is None or not execution.execution_options.get(STATEMENT_OPTION):
+        return
+    error = missing_schema_error(context.original_exception)
+    if error is not None:
+        raise error from context.sqlalchemy_exception

@@ -12,10 +12,12 @@ lock has expired.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, exists, func, null, or_, select, update
+from sqlalchemy import Integer, Select, and_, bindparam, exists, func, null, or_, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql.expression import ColumnElement
 from sqlalchemy.sql.selectable import CTE, TableValuedAlias
 
@@ -79,6 +81,23 @@ def fold_duplicates(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]
         answer.append(len(sent))
         sent.append(row)
     return sent, answer
+
+
+#: The first argument of ``pg_advisory_xact_lock(int4, int4)`` for unique-key locks.
+LOCK_CLASS = 0x5A_5E_0002
+
+
+def lock_unique_keys(hex_keys: Sequence[str]) -> Select[Any]:
+    """Take transaction advisory locks on these unique keys, in sorted order."""
+    ids = sorted({int.from_bytes(bytes.fromhex(key[2:10]), "big", signed=True) for key in hex_keys})
+    return _lock_statement().params(sa_jobs_unique_locks=ids)
+
+
+@functools.cache
+def _lock_statement() -> Select[Any]:
+    numbers = func.unnest(bindparam("sa_jobs_unique_locks", type_=ARRAY(Integer)))
+    number = numbers.table_valued("n").render_derived(name="unique_lock_numbers")
+    return select(func.count(func.pg_advisory_xact_lock(LOCK_CLASS, number.c.n)))
 
 
 def unique_duplicate(key: Any) -> ColumnElement[bool]:

@@ -24,7 +24,7 @@ import sa_jobs
 from sa_jobs import Job
 from sa_jobs.args import default_converter
 from sa_jobs.errors import InvalidJobArgsError
-from tests.strategies import args_values, assert_same_args, unstorable_reason
+from sa_jobs.testing import args_values, assert_same_args, unstorable_reason
 
 
 class Plan(enum.StrEnum):

@@ -11,9 +11,6 @@ database without the sequence branch; concurrent inserters.
 :func:`~sa_jobs.complete.finish_in` like the completer, repeat — and never run a
 maintenance pass, so a promotion that did not happen where it should shows up as a
 job left behind.
-
-Tests marked ``xfail(strict=True)`` with a ``BUG:`` comment show a defect that was
-reported with its fix; remove the marker when the fix lands.
 """
 
 from __future__ import annotations
@@ -1240,24 +1237,7 @@ SEQUENCED_INSERTS: dict[str, Callable[[Session], object]] = {
 }
 
 
-# BUG (minor): the statement insert_job() returns is executed by the caller, outside
-# translate_missing_schema(), so a core-only database gives a raw ProgrammingError
-# ('column "sequence_key" of relation "sa_job" does not exist') that names no branch.
-# Fix: mark the construct (.execution_options(sa_jobs_statement=True)) and translate in a
-# ``handle_error`` listener on Engine registered by sa_jobs.schema, which re-raises
-# SchemaMissingError for marked statements (the same listener then covers every path).
-_CORE_ONLY_PATHS = [
-    pytest.param(
-        path,
-        marks=pytest.mark.xfail(strict=True, reason="BUG: insert_job's error names no branch"),
-    )
-    if path == "insert_job"
-    else path
-    for path in SEQUENCED_INSERTS
-]
-
-
-@pytest.mark.parametrize("path", _CORE_ONLY_PATHS)
+@pytest.mark.parametrize("path", SEQUENCED_INSERTS)
 def test_a_sequenced_insert_without_the_sequence_branch_names_the_branch(
     core_only: Engine, path: str
 ) -> None:

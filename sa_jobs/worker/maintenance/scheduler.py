@@ -88,12 +88,16 @@ def jobs_schedule_due(limit: int, *, unique: bool = False) -> Select[Any]:
 def _key_taken_by(due: Any) -> Select[Any]:
     """For each due job: the id of a job that already holds its unique key, if any."""
     mine = job_table.alias("mine")
+    # A due job that already holds its key (a scheduled one) keeps it as it becomes
+    # available; only the jobs that do not hold theirs compete, the oldest first.
+    holds = holds_unique_key(mine)
     ranked = (
         select(
             mine.c.id,
             mine.c.unique_key,
+            holds.label("holds"),
             func.first_value(mine.c.id)
-            .over(partition_by=mine.c.unique_key, order_by=mine.c.id)
+            .over(partition_by=(mine.c.unique_key, holds), order_by=mine.c.id)
             .label("first_id"),
         )
         .where(mine.c.id == due.c.id)
@@ -112,6 +116,7 @@ def _key_taken_by(due: Any) -> Select[Any]:
     )
     taken_by = case(
         (ranked.c.unique_key.is_(None), null()),
+        (ranked.c.holds, null()),
         (ranked.c.first_id != ranked.c.id, ranked.c.first_id),
         else_=holder,
     )

@@ -1,7 +1,10 @@
-"""Hypothesis strategies for job args, and the oracles that judge a round trip.
+"""Helpers for testing code that uses sa_jobs: Hypothesis strategies and unique keys.
 
-Written so they could move to ``sa_jobs/testing.py`` unchanged: nothing here depends on
-the test suite.
+``import sa_jobs`` never imports Hypothesis; this module needs it (``pip install
+hypothesis``). Everything here is public and stable enough to build your own property
+tests on.
+
+**Job args**
 
 * :func:`args_values` draws instances of any job args class from its type annotations
   (``str``, ``int``, ``float``, ``bool``, ``None``, aware ``datetime``, ``date``,
@@ -9,12 +12,29 @@ the test suite.
   ``set``, ``frozenset`` and ``dict`` of these). With ``include_unstorable=True`` it also
   draws what cannot be stored faithfully — NUL characters, lone surrogates, NaN and
   infinities, naive datetimes, sub-second UTC offsets — so a test can check the converter
-  refuses them.
+  refuses them. :func:`values_for_type` does the same for one annotation.
 * :func:`unstorable_reason` says, independently of the converter, why a value cannot be
   stored faithfully (or ``None`` when it can).
 * :func:`assert_same_args` compares an original value with its decoded copy, stricter
   than ``==`` where ``==`` is lenient (types, a Decimal's exponent) and exact about what a
   stored datetime keeps (wall time and UTC offset).
+
+**Unique jobs**
+
+* :func:`unique_opts` draws valid :class:`~sa_jobs.UniqueOpts`; every dimension can be
+  pinned or narrowed. :func:`unique_states` draws valid ``by_state`` values and
+  :func:`incomplete_unique_states` invalid ones (missing a required state).
+* :func:`unique_key` and :func:`canonical_unique_key` compute, without a database, the
+  key an insert would store (``Job.unique_key``) and its canonical bytes — so you can
+  check that your options make exactly the jobs you mean collide::
+
+      from hypothesis import given
+      from sa_jobs.testing import args_values, unique_key
+
+      @given(args_values(ReconcileAccount), args_values(ReconcileAccount))
+      def test_one_job_per_account(a, b):
+          same_key = unique_key(a) == unique_key(b)
+          assert same_key == (a.account_id == b.account_id)
 """
 
 from __future__ import annotations
@@ -25,22 +45,42 @@ import math
 import types
 import typing
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from decimal import Decimal
 from typing import Any
 
 import attrs
-from hypothesis import strategies as st
+
+try:
+    from hypothesis import strategies as st
+except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
+    raise ImportError(
+        "sa_jobs.testing needs Hypothesis: pip install hypothesis "
+        "(sa_jobs itself works without it; only this module of test helpers needs it)"
+    ) from exc
+
+from sa_jobs.args import encode_args
+from sa_jobs.keys import key_digest
+from sa_jobs.models import JobState
+from sa_jobs.options import REQUIRED_UNIQUE_STATES, InsertOpts, UniqueOpts
+from sa_jobs.unique import unique_key_bytes
 
 __all__ = [
+    "COMMON_DURATIONS",
     "any_floats",
     "any_text",
     "args_values",
     "assert_same_args",
     "aware_datetimes",
+    "canonical_unique_key",
+    "durations",
     "fixed_offsets",
+    "incomplete_unique_states",
     "storable_floats",
     "storable_text",
+    "unique_key",
+    "unique_opts",
+    "unique_states",
     "unstorable_reason",
     "values_for_type",
 ]
@@ -93,7 +133,8 @@ def fixed_offsets(*, sub_second: bool = False) -> st.SearchStrategy[dt.timezone]
     """
     offsets = st.timedeltas(min_value=-_MAX_OFFSET, max_value=_MAX_OFFSET)
     if not sub_second:
-        offsets = offsets.map(lambda offset: offset - offset % dt.timedelta(seconds=1))
+        # Truncate toward zero: flooring -23:59:59.999999 would give -24:00, out of range.
+        offsets = offsets.map(lambda offset: dt.timedelta(seconds=int(offset.total_seconds())))
     return st.builds(dt.timezone, offsets)
 
 
@@ -300,3 +341,159 @@ def assert_same_args(expected: Any, actual: Any, path: str = "args") -> None:
             assert_same_args(want, got, f"{path}[{index}]")
     elif actual != expected:
         raise AssertionError(f"{path}: expected {expected!r}, got {actual!r}")
+
+
+# --------------------------------------------------------------------------- unique jobs
+
+#: Durations people actually configure, tried before arbitrary ones.
+COMMON_DURATIONS: tuple[dt.timedelta, ...] = (
+    dt.timedelta(seconds=1),
+    dt.timedelta(minutes=1),
+    dt.timedelta(minutes=15),
+    dt.timedelta(hours=1),
+    dt.timedelta(hours=24),
+    dt.timedelta(days=7),
+)
+
+
+def durations(
+    *,
+    min_value: dt.timedelta = dt.timedelta(microseconds=1),
+    max_value: dt.timedelta = dt.timedelta(days=366),
+) -> st.SearchStrategy[dt.timedelta]:
+    """Positive durations (for ``by_period`` and ``ttl``), common ones first.
+
+    Raises:
+        ValueError: ``min_value`` is not positive or exceeds ``max_value``.
+    """
+    if min_value <= dt.timedelta(0) or min_value > max_value:
+        raise ValueError(f"need 0 < min_value <= max_value, got {min_value} and {max_value}")
+    common = [d for d in COMMON_DURATIONS if min_value <= d <= max_value]
+    arbitrary = st.timedeltas(min_value=min_value, max_value=max_value)
+    return st.one_of(st.sampled_from(common), arbitrary) if common else arbitrary
+
+
+def _in_declaration_order(states: Iterable[JobState]) -> list[JobState]:
+    order = list(JobState)
+    return sorted(states, key=order.index)
+
+
+def unique_states(*, allow_default: bool = True) -> st.SearchStrategy[frozenset[JobState] | None]:
+    """Valid ``by_state`` values: the required states plus any others.
+
+    Args:
+        allow_default: Also draw ``None`` (the default: every state but cancelled and
+            discarded).
+    """
+    optional = _in_declaration_order(frozenset(JobState) - REQUIRED_UNIQUE_STATES)
+    custom = st.sets(st.sampled_from(optional)).map(
+        lambda extra: frozenset(REQUIRED_UNIQUE_STATES | extra)
+    )
+    return st.one_of(st.none(), custom) if allow_default else custom
+
+
+def incomplete_unique_states() -> st.SearchStrategy[list[JobState]]:
+    """``by_state`` lists that leave out at least one required state.
+
+    ``UniqueOpts(by_state=...)`` must refuse each of them with an error naming what is
+    missing.
+    """
+    return (
+        st.sets(st.sampled_from(list(JobState)))
+        .filter(lambda states: not REQUIRED_UNIQUE_STATES.issubset(states))
+        .map(_in_declaration_order)
+    )
+
+
+_DEFAULT = object()
+
+
+def _strategy(value: Any, default: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    if value is _DEFAULT:
+        return default
+    if isinstance(value, st.SearchStrategy):
+        return value
+    return st.just(value)
+
+
+def unique_opts(
+    *,
+    by_args: Any = _DEFAULT,
+    by_period: Any = _DEFAULT,
+    by_queue: Any = _DEFAULT,
+    by_state: Any = _DEFAULT,
+    exclude_kind: Any = _DEFAULT,
+    ttl: Any = _DEFAULT,
+    until: Any = _DEFAULT,
+    allow_empty: bool = False,
+) -> st.SearchStrategy[UniqueOpts]:
+    """Valid :class:`~sa_jobs.UniqueOpts`.
+
+    Each argument is a strategy for that field or a fixed value; left out, the field is
+    drawn from everything valid (``by_period`` and ``ttl`` from ``None`` or
+    :func:`durations`, ``by_state`` from :func:`unique_states`). For example, the options
+    of a daily job that may vary only by queue and states::
+
+        unique_opts(by_args=True, by_period=dt.timedelta(days=1), ttl=None)
+
+    Args:
+        allow_empty: Also draw ``UniqueOpts()`` — no uniqueness at all.
+    """
+    built = st.builds(
+        UniqueOpts,
+        by_args=_strategy(by_args, st.booleans()),
+        by_period=_strategy(by_period, st.none() | durations()),
+        by_queue=_strategy(by_queue, st.booleans()),
+        by_state=_strategy(by_state, unique_states()),
+        exclude_kind=_strategy(exclude_kind, st.booleans()),
+        ttl=_strategy(ttl, st.none() | durations()),
+        until=_strategy(until, st.sampled_from(["success", "start"])),
+    )
+    return built if allow_empty else built.filter(lambda opts: not opts.is_empty)
+
+
+def canonical_unique_key(
+    args: object,
+    opts: InsertOpts | None = None,
+    *,
+    now: dt.datetime | None = None,
+    **options: Any,
+) -> bytes | None:
+    """The canonical bytes of the unique key an insert of ``args`` would store.
+
+    Options are those of :func:`sa_jobs.insert` (an :class:`~sa_jobs.InsertOpts` and/or
+    keywords such as ``unique=``, ``queue=``, ``scheduled_at=``); the kind's declared
+    defaults fill in the rest, as on insert. ``now`` is the insert time ``by_period``
+    uses when no ``scheduled_at`` is given (default: the current time). Returns ``None``
+    when the job would not be unique. The format is described in :mod:`sa_jobs.keys`.
+    """
+    if opts is not None and options:
+        insert_opts = attrs.evolve(opts, **options)
+    else:
+        insert_opts = opts if opts is not None else InsertOpts(**options)
+    kind, args_json = encode_args(args)
+    resolved = insert_opts.resolve(kind.defaults)
+    unique = resolved.unique
+    if unique is None or unique.is_empty:
+        return None
+    if now is None:
+        now = dt.datetime.now(dt.UTC)
+    elif now.utcoffset() is None:
+        raise ValueError(f"now={now.isoformat()} is naive; pass a time-zone-aware datetime")
+    return unique_key_bytes(kind, args_json, resolved, unique, now)
+
+
+def unique_key(
+    args: object,
+    opts: InsertOpts | None = None,
+    *,
+    now: dt.datetime | None = None,
+    **options: Any,
+) -> bytes | None:
+    """The unique key (SHA-256 digest) an insert of ``args`` would store in
+    ``Job.unique_key``, or ``None`` when the job would not be unique.
+
+    Same arguments as :func:`canonical_unique_key`.
+    """
+    canonical = canonical_unique_key(args, opts, now=now, **options)
+    return None if canonical is None else key_digest(canonical)
