@@ -1,0 +1,235 @@
+"""The INSERT statement every insert path sends: built once per shape, bound per call.
+
+``INSERT INTO sa_job ... SELECT ... FROM jsonb_to_recordset(:sa_jobs_rows) ORDER BY ord``
+takes any number of rows through one bound parameter. Which features the rows use —
+unique keys, sequences, a job-key mode — decides the shape: extra columns, the CTEs that
+must run first (TTL releases, sequence locks, detaching running key holders) and the
+``ON CONFLICT`` clause. The state is decided by the database clock.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import (
+    Boolean,
+    Float,
+    Integer,
+    LargeBinary,
+    SmallInteger,
+    Text,
+    and_,
+    case,
+    column,
+    false,
+    func,
+    literal_column,
+    not_,
+    null,
+    select,
+)
+from sqlalchemy import DateTime as SADateTime
+from sqlalchemy import cast as sql_cast
+from sqlalchemy import false as sql_false
+from sqlalchemy.dialects.postgresql import ARRAY, BIT, JSONB
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.sql.dml import Insert
+
+from sa_jobs.job_key import detach_running_holders, keyed_upsert
+from sa_jobs.models import (
+    CORE_COLUMNS,
+    EXISTED_COLUMN,
+    Job,
+    JobState,
+    job_state_type,
+    json_recordset,
+    unique_index,
+)
+from sa_jobs.options import JobKeyMode
+from sa_jobs.sequence import lock_keys_in, waits_in_sequence
+from sa_jobs.unique import release_expired_locks, unique_duplicate
+
+__all__ = ["ROWS_PARAM", "insert_statement", "jobs_insert", "rows_param", "statement_shape"]
+
+# The shape of one element of the :rows parameter; "ord" keeps ids in input order.
+_ROW_COLUMNS = (
+    column("ord", Integer),
+    column("kind", Text),
+    column("args", JSONB),
+    column("queue", Text),
+    column("priority", SmallInteger),
+    column("max_attempts", SmallInteger),
+    column("tags", ARRAY(Text)),
+    column("metadata", JSONB),
+    column("scheduled_at", SADateTime(timezone=True)),
+    column("unique_key", LargeBinary),
+    column("unique_states", BIT(8)),
+    column("unique_ttl", Float),
+    column("unique_until_start", Boolean),
+    column("sequence_key", LargeBinary),
+    column("sequence_continue_on_cancelled", Boolean),
+    column("sequence_continue_on_discarded", Boolean),
+    column("job_key", Text),
+)
+
+_INSERTED_COLUMNS = (
+    "kind",
+    "args",
+    "state",
+    "queue",
+    "priority",
+    "max_attempts",
+    "tags",
+    "metadata",
+    "scheduled_at",
+)
+
+
+def jobs_insert(
+    rows: Sequence[dict[str, Any]],
+    *,
+    lock_sequences: bool = False,
+    job_key_mode: JobKeyMode | None = None,
+) -> Insert:
+    """The one statement that inserts jobs: any number of rows, one bound parameter.
+
+    ``rows`` come from :func:`build_rows`; rows sharing a unique key must have been
+    folded (:func:`~sa_jobs.unique.fold_duplicates`). The statement returns the core job
+    columns plus ``unique_skipped_as_duplicate``, one row per input row, in order: a
+    unique row that met an existing job returns that job.
+
+    Sequenced rows must be inserted under their sequences' advisory locks: the callers
+    here take them with :func:`~sa_jobs.sequence.lock_sequence_keys` first;
+    ``lock_sequences=True`` takes them inside the statement instead (for
+    :func:`insert_job`), which keeps the one-active-job guarantee but, under contention,
+    may end in a unique violation rather than a waiting job.
+
+    With ``job_key_mode`` every row has a distinct job key and the statement is one
+    round of a keyed add (:mod:`sa_jobs.job_key`): it returns a row only for jobs it
+    inserted or met, plus the ``job_key`` column to match them up.
+
+    A statement without unique, sequenced or keyed rows touches only core columns, so it
+    works on a database that has only the core branch.
+    """
+    return _build_insert(
+        **statement_shape(rows),
+        lock_sequences=lock_sequences,
+        job_key_mode=job_key_mode,
+        bound=rows_param(rows)[ROWS_PARAM],
+    )
+
+
+#: The one bound parameter of every insert statement: the rows, as a JSON array.
+ROWS_PARAM = "sa_jobs_rows"
+
+
+def rows_param(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The parameters for :func:`insert_statement`; ``ord`` keeps ids in input order."""
+    return {ROWS_PARAM: [{"ord": index, **row} for index, row in enumerate(rows)]}
+
+
+def statement_shape(rows: Sequence[dict[str, Any]]) -> dict[str, bool]:
+    """Which features the rows use, which decides the statement they need."""
+    return {
+        "unique": any(row.get("unique_key") for row in rows),
+        "sequenced": any(row.get("sequence_key") for row in rows),
+    }
+
+
+@functools.cache
+def insert_statement(
+    *,
+    unique: bool,
+    sequenced: bool,
+    lock_sequences: bool = False,
+    job_key_mode: JobKeyMode | None = None,
+) -> Insert:
+    """The statement for rows of this shape, built once; execute it with
+    :func:`rows_param`."""
+    return _build_insert(
+        unique=unique, sequenced=sequenced, lock_sequences=lock_sequences, job_key_mode=job_key_mode
+    )
+
+
+def _build_insert(
+    *,
+    unique: bool,
+    sequenced: bool,
+    lock_sequences: bool = False,
+    job_key_mode: JobKeyMode | None = None,
+    bound: Any = None,
+) -> Insert:
+    source = json_recordset(ROWS_PARAM, _ROW_COLUMNS, "job_rows", bound)
+    due_at = func.coalesce(source.c.scheduled_at, func.now())
+    inserted = ~unique_duplicate(source.c.unique_key) if unique else None
+    waits = (
+        waits_in_sequence(source.c.sequence_key, source.c.ord, inserted) if sequenced else false()
+    )
+    state = case(
+        (waits, JobState.PENDING.value),
+        (due_at > func.now(), JobState.SCHEDULED.value),
+        else_=JobState.AVAILABLE.value,
+    )
+    values: list[Any] = [
+        source.c.kind,
+        source.c.args,
+        sql_cast(state, job_state_type),
+        source.c.queue,
+        source.c.priority,
+        source.c.max_attempts,
+        source.c.tags,
+        source.c.metadata,
+        due_at,
+    ]
+    columns = list(_INSERTED_COLUMNS)
+    ctes = []
+    if unique:
+        ttl = func.make_interval(0, 0, 0, 0, 0, 0, source.c.unique_ttl)
+        values += [
+            source.c.unique_key,
+            source.c.unique_states,
+            case((source.c.unique_ttl.is_not(None), due_at + ttl), else_=null()),
+            func.coalesce(source.c.unique_until_start, False),
+        ]
+        columns += ["unique_key", "unique_states", "unique_expires_at", "unique_until_start"]
+        ctes.append(release_expired_locks(source))
+    if sequenced:
+        values += [
+            source.c.sequence_key,
+            and_(source.c.sequence_key.is_not(None), not_(waits)),
+            func.coalesce(source.c.sequence_continue_on_cancelled, False),
+            func.coalesce(source.c.sequence_continue_on_discarded, False),
+        ]
+        columns += [
+            "sequence_key",
+            "sequence_slot",
+            "sequence_continue_on_cancelled",
+            "sequence_continue_on_discarded",
+        ]
+        if lock_sequences:
+            ctes.append(lock_keys_in(source.c.sequence_key).cte("sequence_locks"))
+    if job_key_mode is not None:
+        values.append(source.c.job_key)
+        columns.append("job_key")
+        if job_key_mode is not JobKeyMode.UNSAFE_DEDUPE:
+            ctes.append(detach_running_holders(source))
+    rows_select = select(*values).order_by(source.c.ord)
+    for cte in ctes:
+        # Referencing a data-modifying or locking CTE makes it run before the rows do.
+        rows_select = rows_select.where(
+            select(func.count()).select_from(cte).scalar_subquery() >= 0
+        )
+    statement = pg_insert(Job).from_select(columns, rows_select)
+    for cte in ctes:
+        statement = statement.add_cte(cte)
+    if job_key_mode is not None:
+        return keyed_upsert(statement, job_key_mode)
+    if not unique:
+        return statement.returning(*CORE_COLUMNS, sql_false().label(EXISTED_COLUMN))
+    # River's trick: a no-op update makes the existing row come back from RETURNING,
+    # and xmax tells the two cases apart. Nothing of the existing row changes.
+    return statement.on_conflict_do_update(
+        constraint=unique_index, set_={Job.__table__.c.kind: Job.__table__.c.kind}
+    ).returning(*CORE_COLUMNS, literal_column("xmax <> 0", Boolean).label(EXISTED_COLUMN))
