@@ -57,7 +57,6 @@ from sa_jobs.schema import STATEMENT_OPTION, translate_missing_schema
 from sa_jobs.sequence import lock_sequence_keys, sequence_values
 from sa_jobs.unique import (
     fold_duplicates,
-    lock_unique_keys,
     unique_values,
 )
 
@@ -151,17 +150,6 @@ def build_rows(items: Iterable[tuple[object, InsertOpts]]) -> list[dict[str, Any
         kind, args_json = encode_args(args)
         rows.append(_job_row(kind, args_json, opts))
     return rows
-
-
-def lock_unique_keys_of(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
-    """Before a batch with several unique keys: lock them in sorted order.
-
-    ON CONFLICT waits on each existing (or being-inserted) row in turn, in the batch's
-    order; two batches meeting the same keys in different orders would deadlock.
-    """
-    keys = [row["unique_key"] for row in rows if row.get("unique_key")]
-    if len(keys) > 1:
-        connection.execute(lock_unique_keys(keys))
 
 
 def lock_sequences_of(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
@@ -289,7 +277,6 @@ def _write_plain(
     for start in range(0, len(rows), batch_size):
         sent, answers = fold_duplicates(rows[start : start + batch_size])
         lock_sequences_of(connection, sent)
-        lock_unique_keys_of(connection, sent)
         returned = run(insert_statement(**statement_shape(sent)), rows_param(sent), False)
         answered: set[int] = set()
         for answer in answers:

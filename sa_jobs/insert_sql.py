@@ -49,7 +49,7 @@ from sa_jobs.models import (
 )
 from sa_jobs.options import JobKeyMode
 from sa_jobs.sequence import lock_keys_in, waits_in_sequence
-from sa_jobs.unique import release_expired_locks, unique_duplicate
+from sa_jobs.unique import lock_unique_keys_in, release_expired_locks, unique_duplicate
 
 __all__ = ["ROWS_PARAM", "insert_statement", "jobs_insert", "rows_param", "statement_shape"]
 
@@ -194,7 +194,8 @@ def _build_insert(
             func.coalesce(source.c.unique_until_start, False),
         ]
         columns += ["unique_key", "unique_states", "unique_expires_at", "unique_until_start"]
-        ctes.append(release_expired_locks(source))
+        key_locks = lock_unique_keys_in(source.c.unique_key)
+        ctes += [key_locks, release_expired_locks(source, after=key_locks)]
     if sequenced:
         values += [
             source.c.sequence_key,

@@ -31,6 +31,7 @@ Sequence keys (``sa_jobs:sequence:v1``) are built the same way from the fields m
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
@@ -62,23 +63,35 @@ def marked_subset(args_class: type, data: Mapping[str, Any], flag: str) -> dict[
 
     Returns None when the class marks no field (directly or in nested attrs classes).
     """
-    if not attrs.has(args_class):
+    plan = _marked_fields(args_class, flag)
+    if plan is None:
         return None
     kept: dict[str, Any] = {}
-    for field in attrs.fields(args_class):
-        if field.name not in data:
+    for name, nested_type in plan:
+        if name not in data:
             continue
-        flags = field.metadata.get(FIELD_METADATA_KEY, {})
-        if flags.get(flag):
-            kept[field.name] = data[field.name]
-            continue
-        nested_type = field.type if isinstance(field.type, type) else None
-        value = data[field.name]
-        if nested_type is not None and isinstance(value, Mapping):
+        value = data[name]
+        if nested_type is None:
+            kept[name] = value
+        elif isinstance(value, Mapping):
             nested = marked_subset(nested_type, value, flag)
             if nested is not None:
-                kept[field.name] = nested
+                kept[name] = nested
     return kept or None
+
+
+@functools.cache
+def _marked_fields(args_class: type, flag: str) -> tuple[tuple[str, type | None], ...] | None:
+    """Per class, once: the marked fields (None) and the nested attrs classes to look into."""
+    if not attrs.has(args_class):
+        return None
+    plan: list[tuple[str, type | None]] = []
+    for field in attrs.fields(args_class):
+        if field.metadata.get(FIELD_METADATA_KEY, {}).get(flag):
+            plan.append((field.name, None))
+        elif isinstance(field.type, type) and _marked_fields(field.type, flag) is not None:
+            plan.append((field.name, field.type))
+    return tuple(plan) or None
 
 
 def canonical_args(args_class: type, data: Any, flag: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -355,6 +356,7 @@ def json_recordset(
     )
 
 
+@functools.cache
 def states_bitmask(states: frozenset[JobState]) -> str:
     """The ``unique_states`` bit string for ``states`` (bit i is the i-th JobState)."""
     return "".join("1" if state in states else "0" for state in JobState)

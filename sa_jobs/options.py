@@ -262,7 +262,15 @@ class UniqueOpts:
 
     @property
     def is_empty(self) -> bool:
-        return self == UniqueOpts()
+        return not (
+            self.by_args
+            or self.by_period is not None
+            or self.by_queue
+            or self.by_state is not None
+            or self.exclude_kind
+            or self.ttl is not None
+            or self.until != "success"
+        )
 
     @property
     def states(self) -> frozenset[JobState]:
