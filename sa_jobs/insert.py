@@ -277,7 +277,10 @@ def _write_plain(
     for start in range(0, len(rows), batch_size):
         sent, answers = fold_duplicates(rows[start : start + batch_size])
         lock_sequences_of(connection, sent)
-        returned = run(insert_statement(**statement_shape(sent)), rows_param(sent), False)
+        shape = statement_shape(sent)
+        returned = run(insert_statement(**shape), rows_param(sent), False)
+        if shape["unique"]:
+            returned = _in_input_order(sent, returned)
         answered: set[int] = set()
         for answer in answers:
             row = returned[answer]
@@ -288,6 +291,19 @@ def _write_plain(
                 (row, InsertAction.SKIPPED_DUPLICATE if duplicate else InsertAction.INSERTED)
             )
     return results
+
+
+def _in_input_order(sent: Sequence[dict[str, Any]], returned: list[Any]) -> list[Any]:
+    """Undo the statement's key order (see insert_sql): ``unique_key`` ascending, nulls
+    last, then input order. Hex strings of equal length sort as the bytes do."""
+    order = sorted(
+        range(len(sent)),
+        key=lambda i: (sent[i].get("unique_key") is None, sent[i].get("unique_key") or "", i),
+    )
+    by_input: list[Any] = [None] * len(sent)
+    for position, index in enumerate(order):
+        by_input[index] = returned[position]
+    return by_input
 
 
 def _write_keyed(

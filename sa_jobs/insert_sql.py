@@ -49,7 +49,7 @@ from sa_jobs.models import (
 )
 from sa_jobs.options import JobKeyMode
 from sa_jobs.sequence import lock_keys_in, waits_in_sequence
-from sa_jobs.unique import lock_unique_keys_in, release_expired_locks, unique_duplicate
+from sa_jobs.unique import release_expired_locks, unique_duplicate
 
 __all__ = ["ROWS_PARAM", "insert_statement", "jobs_insert", "rows_param", "statement_shape"]
 
@@ -194,8 +194,7 @@ def _build_insert(
             func.coalesce(source.c.unique_until_start, False),
         ]
         columns += ["unique_key", "unique_states", "unique_expires_at", "unique_until_start"]
-        key_locks = lock_unique_keys_in(source.c.unique_key)
-        ctes += [key_locks, release_expired_locks(source, after=key_locks)]
+        ctes.append(release_expired_locks(source))
     if sequenced:
         values += [
             source.c.sequence_key,
@@ -216,7 +215,11 @@ def _build_insert(
         columns.append("job_key")
         if job_key_mode is not JobKeyMode.UNSAFE_DEDUPE:
             ctes.append(detach_running_holders(source))
-    rows_select = select(*values).order_by(source.c.ord)
+    # Unique rows go in key order: ON CONFLICT waits on rows one by one, and two batches
+    # that met the same keys in different orders would deadlock; a global order cannot.
+    # (write_rows maps the results back to input order.)
+    order = (source.c.unique_key, source.c.ord) if unique else (source.c.ord,)
+    rows_select = select(*values).order_by(*order)
     for cte in ctes:
         # Referencing a data-modifying or locking CTE makes it run before the rows do.
         rows_select = rows_select.where(

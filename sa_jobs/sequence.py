@@ -39,13 +39,12 @@ from sqlalchemy import (
     case,
     exists,
     func,
-    literal,
     or_,
     select,
     update,
 )
 from sqlalchemy import cast as sql_cast
-from sqlalchemy.dialects.postgresql import ARRAY, BIT
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql.expression import ColumnElement
 
 from sa_jobs.args import JobKind
@@ -88,14 +87,19 @@ def sequence_values(kind: JobKind, args_json: Any, resolved: ResolvedInsert) -> 
 
 
 def lock_id(hex_key: str) -> int:
-    """The advisory lock number of a key: its first four bytes, as a signed int4."""
-    return int.from_bytes(bytes.fromhex(hex_key[2:10]), "big", signed=True)
+    """The advisory lock number of a key: its first byte (0-255).
+
+    Locks are striped over 256 numbers: a transaction that inserts or finishes jobs of
+    thousands of sequences then holds at most 256 locks (PostgreSQL's lock table is
+    small: ``max_locks_per_transaction`` times the connections), at the price of
+    sequences that share a stripe waiting for each other while they insert.
+    """
+    return bytes.fromhex(hex_key[2:4])[0]
 
 
 def _lock_id_sql(key: Any) -> ColumnElement[int]:
-    # The same number computed in SQL: the first four bytes read as a signed int4.
-    hex_digits = literal("x").op("||")(func.encode(func.substring(key, 1, 4), "hex"))
-    return sql_cast(sql_cast(hex_digits, BIT(32)), Integer)
+    # The same number computed in SQL.
+    return func.get_byte(key, 0)
 
 
 # --------------------------------------------------------------------------- inserting

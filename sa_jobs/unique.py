@@ -16,18 +16,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
-    Integer,
     and_,
     exists,
     func,
-    literal,
     null,
     or_,
     select,
     update,
 )
-from sqlalchemy import cast as sql_cast
-from sqlalchemy.dialects.postgresql import BIT
 from sqlalchemy.sql.expression import ColumnElement
 from sqlalchemy.sql.selectable import CTE, TableValuedAlias
 
@@ -93,10 +89,6 @@ def fold_duplicates(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]
     return sent, answer
 
 
-#: The first argument of ``pg_advisory_xact_lock(int4, int4)`` for unique-key locks.
-LOCK_CLASS = 0x5A_5E_0002
-
-
 def unique_duplicate(key: Any) -> ColumnElement[bool]:
     """For a row being inserted: will ON CONFLICT find a live holder of its unique key?"""
     holder = job_table.alias("unique_holder")
@@ -110,40 +102,17 @@ def unique_duplicate(key: Any) -> ColumnElement[bool]:
     )
 
 
-def lock_unique_keys_in(key: ColumnElement[Any]) -> CTE:
-    """A CTE taking the advisory locks of the unique keys in ``key`` (a column of the rows
-    being inserted), in sorted order.
-
-    ON CONFLICT waits on existing rows one by one in the batch's order; two batches
-    meeting the same keys in different orders would deadlock. Taking the keys' locks in
-    one sorted pass first makes them queue instead.
-    """
-    numbers = select(_lock_number(key).label("n")).where(key.is_not(None)).distinct().subquery("ns")
-    ordered = select(numbers.c.n).order_by(numbers.c.n).subquery("ordered_ns")
-    return select(func.count(func.pg_advisory_xact_lock(LOCK_CLASS, ordered.c.n))).cte(
-        "unique_key_locks"
-    )
-
-
-def _lock_number(key: Any) -> ColumnElement[int]:
-    # The key's first four bytes as a signed int4 (the same as lock_unique_keys).
-    hex_digits = literal("x").op("||")(func.encode(func.substring(key, 1, 4), "hex"))
-    return sql_cast(sql_cast(hex_digits, BIT(32)), Integer)
-
-
-def release_expired_locks(source: TableValuedAlias, after: CTE) -> CTE:
+def release_expired_locks(source: TableValuedAlias) -> CTE:
     """Clear the key of jobs whose TTL has passed, for the keys this batch inserts.
 
     Runs as a CTE of the insert statement itself, referenced by it so that it runs
     first and under the same row locks: two inserters racing for an expired key queue
-    on the old row, and the loser then meets the winner's new row in ON CONFLICT. It
-    runs after ``after`` (the key locks), so no row lock is held while waiting for them.
+    on the old row, and the loser then meets the winner's new row in ON CONFLICT.
     """
     keys = select(source.c.unique_key).where(source.c.unique_key.is_not(None))
     return (
         update(Job)
         .where(
-            select(func.count()).select_from(after).scalar_subquery() >= 0,
             Job.unique_key.in_(keys),
             holds_unique_key(job_table),
             Job.unique_expires_at <= func.now(),
