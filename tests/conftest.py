@@ -53,3 +53,22 @@ def _empty_job_table(request: pytest.FixtureRequest) -> None:
 @pytest.fixture
 def session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine)
+
+
+@pytest.fixture(scope="session")
+def core_only_url(pg_server: Server) -> Iterator[URL]:
+    """A database with only the core branch installed (no unique, sequence, job_key)."""
+    with throwaway_database(pg_server, prefix="sa_jobs_core_only") as url:
+        engine = create_engine(url)
+        sa_jobs.migrate(engine, "sa_jobs_core@head")
+        engine.dispose()
+        yield url
+
+
+@pytest.fixture
+def core_only(core_only_url: URL) -> Iterator[Engine]:
+    engine = create_engine(core_only_url)
+    with engine.begin() as connection:
+        connection.execute(text("TRUNCATE sa_job RESTART IDENTITY"))
+    yield engine
+    engine.dispose()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import datetime as dt
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -1297,24 +1297,6 @@ def test_the_job_key_branch_depends_on_core(pg_server: Server) -> None:
                 assert sa_jobs.insert(session, SendEmail(2), job_key=KEY).action == "replaced"
         finally:
             engine.dispose()
-
-
-@pytest.fixture(scope="module")
-def core_only_url(pg_server: Server) -> Iterator[URL]:
-    with throwaway_database(pg_server, prefix="sa_jobs_jk_core_only") as url:
-        engine = create_engine(url)
-        sa_jobs.migrate(engine, f"{CORE_BRANCH}@head")
-        engine.dispose()
-        yield url
-
-
-@pytest.fixture
-def core_only(core_only_url: URL) -> Iterator[Engine]:
-    engine = create_engine(core_only_url)
-    with engine.begin() as connection:
-        connection.execute(text("TRUNCATE sa_job RESTART IDENTITY"))
-    yield engine
-    engine.dispose()
 
 
 def test_sa_jobs_core_head_installs_no_job_key_branch(core_only: Engine) -> None:

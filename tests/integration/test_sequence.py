@@ -21,13 +21,12 @@ import hashlib
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import psycopg.errors
 import pytest
-from alembic.script import ScriptDirectory
-from sqlalchemy import URL, Engine, create_engine, select, text
+from sqlalchemy import Engine, create_engine, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -38,7 +37,7 @@ from sa_jobs.devdb import Server, throwaway_database
 from sa_jobs.errors import InvalidOptionsError, SchemaMissingError, UniqueConflictError
 from sa_jobs.models import job_table
 from sa_jobs.options import REQUIRED_UNIQUE_STATES
-from sa_jobs.schema import CORE_BRANCH, SEQUENCE_BRANCH, alembic_config, installed_branches
+from sa_jobs.schema import SEQUENCE_BRANCH, installed_branches
 from sa_jobs.sequence import SequencePromoter, _lock_id_sql, lock_id
 from sa_jobs.worker import MaintenanceConfig, Retention
 from sa_jobs.worker.maintenance.cleaner import Cleaner
@@ -1175,39 +1174,6 @@ def _waiting_on_advisory_lock(engine: Engine) -> bool:
 
 
 # ------------------------------------------------------------------ without the sequence branch
-
-
-def core_head() -> str:
-    """The head of the core branch alone (its revision id)."""
-    scripts = ScriptDirectory.from_config(alembic_config(None))  # type: ignore[arg-type]
-    heads = [
-        head
-        for head in scripts.get_heads()
-        if all(
-            set(revision.branch_labels) <= {CORE_BRANCH}
-            for revision in scripts.iterate_revisions(head, "base")
-        )
-    ]
-    assert len(heads) == 1, heads
-    return heads[0]
-
-
-@pytest.fixture(scope="module")
-def core_only_url(pg_server: Server) -> Iterator[URL]:
-    with throwaway_database(pg_server, prefix="sa_jobs_seq_core_only") as url:
-        engine = create_engine(url)
-        sa_jobs.migrate(engine, core_head())
-        engine.dispose()
-        yield url
-
-
-@pytest.fixture
-def core_only(core_only_url: URL) -> Iterator[Engine]:
-    engine = create_engine(core_only_url)
-    with engine.begin() as connection:
-        connection.execute(text("TRUNCATE sa_job RESTART IDENTITY"))
-    yield engine
-    engine.dispose()
 
 
 def test_migrate_to_sa_jobs_core_head_installs_no_sequence_branch(pg_server: Server) -> None:

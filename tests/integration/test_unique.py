@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import URL, Engine, create_engine, event, func, select, text
+from sqlalchemy import Engine, create_engine, event, func, select, text
 from sqlalchemy.orm import Session
 
 import sa_jobs
@@ -661,24 +661,6 @@ def test_until_start_with_a_worker(engine: Engine) -> None:
 
 
 # ------------------------------------------------------------------ without the unique branch
-
-
-@pytest.fixture(scope="module")
-def core_only_url(pg_server: Server) -> Iterator[URL]:
-    with throwaway_database(pg_server, prefix="sa_jobs_core_only") as url:
-        engine = create_engine(url)
-        sa_jobs.migrate(engine, "sa_jobs_core@head")
-        engine.dispose()
-        yield url
-
-
-@pytest.fixture
-def core_only(core_only_url: URL) -> Iterator[Engine]:
-    engine = create_engine(core_only_url)
-    with engine.begin() as connection:
-        connection.execute(text("TRUNCATE sa_job RESTART IDENTITY"))
-    yield engine
-    engine.dispose()
 
 
 def test_migrate_to_the_core_branch_alone(pg_server: Server) -> None:
