@@ -46,8 +46,12 @@ __all__ = ["canonical_bytes", "key_digest", "period_start_us"]
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
+# json.dumps with non-default options builds a new encoder per call; keys need thousands.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _ENCODER.encode(value)
 
 
 def period_start_us(at: dt.datetime, period: dt.timedelta) -> int:
