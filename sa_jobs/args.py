@@ -482,6 +482,10 @@ def encode_args(args: object) -> tuple[JobKind, dict[str, Any]]:
     return kind, kind.encode(args)
 
 
+# json.dumps with non-default options builds a new encoder per call; keys need thousands.
+_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def dumps(data: Any) -> str:
-    """Serialise an already-validated JSON document the way every insert path does."""
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    """Compact JSON, non-ASCII kept, NaN refused: set ordering and canonical key bytes."""
+    return _JSON.encode(data)

@@ -24,14 +24,13 @@ from sa_jobs.args import (
     encode_args,
 )
 from sa_jobs.insert import (
-    SKIPPED_COLUMN,
     InsertAction,
     _job_row,
     _opts,
     _row_from,
     write_rows,
 )
-from sa_jobs.models import Job
+from sa_jobs.models import EXISTED_COLUMN, Job
 from sa_jobs.options import InsertOpts
 
 __all__ = ["enqueue"]
@@ -109,7 +108,7 @@ def _insert_pending_jobs(session: Session, _flush: UOWTransaction, _objects: Any
 
 def _as_result_row(mapping: Any) -> tuple[Any, bool, str | None]:
     # The same shape the ORM paths get: (job columns, existed, job key).
-    return (mapping, bool(mapping[SKIPPED_COLUMN]), mapping.get("job_key"))
+    return (mapping, bool(mapping[EXISTED_COLUMN]), mapping.get("job_key"))
 
 
 def _become_row(session: Session, job: Job, row: Any, action: InsertAction) -> None:

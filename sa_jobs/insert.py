@@ -69,8 +69,6 @@ __all__ = [
     "write_rows",
 ]
 
-SKIPPED_COLUMN = EXISTED_COLUMN
-
 
 class InsertAction(enum.StrEnum):
     """What an insert did."""
@@ -234,7 +232,7 @@ def insert_many(
 def _as_jobs(statement: Insert, keyed: bool) -> Any:
     """Load an insert statement's rows as Job objects (built once per statement)."""
     extra = [column("job_key", Text)] if keyed else []
-    loading = select(Job, column(SKIPPED_COLUMN, Boolean), *extra)
+    loading = select(Job, column(EXISTED_COLUMN, Boolean), *extra)
     return loading.from_statement(statement).execution_options(populate_existing=True)
 
 

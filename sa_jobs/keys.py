@@ -33,25 +33,20 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import hashlib
-import json
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 
-from sa_jobs.args import FIELD_METADATA_KEY
+from sa_jobs.args import FIELD_METADATA_KEY, dumps
 
 __all__ = ["canonical_bytes", "key_digest", "period_start_us"]
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
-# json.dumps with non-default options builds a new encoder per call; keys need thousands.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def _json(value: Any) -> str:
-    return _ENCODER.encode(value)
+#: Compact, non-ASCII kept, NaN refused: the encoding the canonical bytes document.
+_json = dumps
 
 
 def period_start_us(at: dt.datetime, period: dt.timedelta) -> int:

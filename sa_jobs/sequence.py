@@ -121,11 +121,7 @@ def _lock_numbers_statement() -> Select[Any]:
 def lock_keys_in(key: ColumnElement[Any]) -> Select[Any]:
     """Take the advisory locks of the sequence keys in ``key`` (a column of rows being
     inserted), in sorted order."""
-    numbers = (
-        select(_lock_id_sql(key).label("n")).where(key.is_not(None)).distinct().subquery("numbers")
-    )
-    ordered = select(numbers.c.n).order_by(numbers.c.n).subquery("ordered_numbers")
-    return select(func.count(func.pg_advisory_xact_lock(LOCK_CLASS, ordered.c.n)))
+    return _take_locks(select(_lock_id_sql(key).label("n")).where(key.is_not(None)))
 
 
 def waits_in_sequence(
@@ -179,13 +175,18 @@ def locks_before_update(job_ids: Select[Any]) -> Any:
 
 
 def _lock_keys_of(ids: Select[Any]) -> Select[Any]:
-    locked = (
-        select(_lock_id_sql(Job.sequence_key).label("n"))
-        .where(Job.id.in_(ids), Job.sequence_key.is_not(None))
-        .distinct()
-        .subquery("sequence_lock_numbers")
+    """Take the advisory locks of the sequences of these jobs, in sorted order."""
+    numbers = select(_lock_id_sql(Job.sequence_key).label("n")).where(
+        Job.id.in_(ids), Job.sequence_key.is_not(None)
     )
-    ordered = select(locked.c.n).order_by(locked.c.n).subquery("ordered_lock_numbers")
+    return _take_locks(numbers)
+
+
+def _take_locks(numbers: Select[Any]) -> Select[Any]:
+    """Lock each distinct lock number ``numbers`` selects (column ``n``), smallest first,
+    so that every path takes sequence locks in one global order and none deadlock."""
+    distinct = numbers.distinct().subquery("lock_numbers")
+    ordered = select(distinct.c.n).order_by(distinct.c.n).subquery("ordered_lock_numbers")
     return select(func.count(func.pg_advisory_xact_lock(LOCK_CLASS, ordered.c.n)))
 
 

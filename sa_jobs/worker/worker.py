@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal, TypeVar
 
-from sqlalchemy import Engine, exists, func, or_, select
+from sqlalchemy import Engine, exists, func, select
 
 from sa_jobs.args import UNSET
 from sa_jobs.complete import Outcome
@@ -366,10 +366,7 @@ class Worker:
         due = exists().where(
             Job.queue.in_(queues),
             Job.scheduled_at <= func.now(),
-            or_(
-                Job.state == JobState.AVAILABLE,
-                Job.state.in_([JobState.SCHEDULED, JobState.RETRYABLE]),
-            ),
+            Job.state.in_([JobState.AVAILABLE, JobState.SCHEDULED, JobState.RETRYABLE]),
         )
         with self.engine.connect() as connection:
             return bool(connection.scalar(select(due)))

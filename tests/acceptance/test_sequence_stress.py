@@ -15,9 +15,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from sqlalchemy import URL, Engine, func, select, text
@@ -25,6 +24,7 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs.models import Job, JobState, WorkerProcess
+from tests.acceptance.processes import wait_for
 from tests.acceptance.sequence_worker_app import (
     DDL,
     REPAIRS_TABLE,
@@ -43,17 +43,6 @@ TOTAL = SEQUENCES * JOBS_PER_SEQUENCE
 THREADS_PER_PROCESS = 8
 INSERT_BATCHES = 10
 DEADLINE = 50.0
-
-
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 class App:
