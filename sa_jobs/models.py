@@ -282,6 +282,20 @@ unique_index = Index(
     postgresql_where=holds_unique_key(job_table),
 )
 
+
+def holds_ttl_lock(jobs: FromClause) -> ColumnElement[bool]:
+    """True for rows of ``jobs`` that hold their unique key under a TTL (Faktory's lock)."""
+    return and_(holds_unique_key(jobs), jobs.c.unique_expires_at.is_not(None))
+
+
+#: The holders whose lock can expire: usually few or none. Inserts look here first, so a
+#: table with no TTL locks spends nothing on releasing them (see unique.py).
+unique_ttl_index = Index(
+    "sa_job_unique_ttl_idx",
+    job_table.c.unique_key,
+    postgresql_where=holds_ttl_lock(job_table),
+)
+
 #: Every sequence job that is active holds its sequence's slot; with the unique slot
 #: index below, at most one job of a sequence can be active.
 sequence_active_holds_slot = CheckConstraint(

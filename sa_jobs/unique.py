@@ -17,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import (
     and_,
+    any_,
     exists,
     func,
     null,
@@ -29,7 +30,7 @@ from sqlalchemy.sql.selectable import CTE, TableValuedAlias
 
 from sa_jobs.args import JobKind
 from sa_jobs.keys import canonical_args, canonical_bytes, key_digest, period_start_us
-from sa_jobs.models import Job, holds_unique_key, job_table, states_bitmask
+from sa_jobs.models import Job, holds_ttl_lock, holds_unique_key, job_table, states_bitmask
 from sa_jobs.options import ResolvedInsert, UniqueOpts
 
 __all__ = ["fold_duplicates", "release_expired_locks", "unique_key_bytes", "unique_values"]
@@ -108,12 +109,23 @@ def release_expired_locks(source: TableValuedAlias) -> CTE:
     Runs as a CTE of the insert statement itself, referenced by it so that it runs
     first and under the same row locks: two inserters racing for an expired key queue
     on the old row, and the loser then meets the winner's new row in ON CONFLICT.
+
+    Two things keep it cheap, and both matter at scale:
+
+    * The batch's keys are compared with ``= ANY(ARRAY(...))``, an index condition, so
+      each key is one probe. (``IN (SELECT ...)`` is planned as a semi-join, and since the
+      planner cannot estimate the index predicate it may read every held key instead.)
+    * An uncorrelated ``EXISTS`` over ``sa_job_unique_ttl_idx`` guards the whole step; it
+      runs once, before anything else, and when no key is held under a TTL the batch's
+      keys are never even read.
     """
     keys = select(source.c.unique_key).where(source.c.unique_key.is_not(None))
+    ttl_holder = job_table.alias("ttl_holder")
     return (
         update(Job)
         .where(
-            Job.unique_key.in_(keys),
+            exists().where(holds_ttl_lock(ttl_holder)),
+            Job.unique_key == any_(func.array(keys.scalar_subquery())),
             holds_unique_key(job_table),
             Job.unique_expires_at <= func.now(),
         )
