@@ -162,6 +162,9 @@ def _build_insert(
     bound: Any = None,
 ) -> Insert:
     source = json_recordset(ROWS_PARAM, _ROW_COLUMNS, "job_rows", bound)
+    if unique:
+        # Releasing expired TTL locks reads the rows' keys as well: parse the JSON once.
+        source = select(*source.c).cte("job_rows_parsed").prefix_with("MATERIALIZED")
     due_at = func.coalesce(source.c.scheduled_at, func.now())
     inserted = ~unique_duplicate(source.c.unique_key) if unique else None
     waits = (
