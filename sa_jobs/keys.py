@@ -34,6 +34,7 @@ import datetime as dt
 import functools
 import hashlib
 from collections.abc import Mapping
+from json.encoder import encode_basestring
 from typing import Any
 
 import attrs
@@ -47,6 +48,22 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 #: Compact, non-ASCII kept, NaN refused: the encoding the canonical bytes document.
 _json = dumps
+
+#: What ``_json`` writes for the scalars most args are made of. A key costs one
+#: ``_json`` call per value otherwise, and setting up the encoder for each call was most
+#: of a unique insert's Python time; these write the same text without it.
+_SCALAR_JSON: dict[type, Any] = {
+    str: encode_basestring,  # the escaping _json applies with ensure_ascii=False
+    int: int.__repr__,
+    bool: lambda value: "true" if value else "false",
+    type(None): lambda _value: "null",
+}
+
+
+def _encode(value: Any) -> str:
+    """Exactly ``_json(value)``; scalars of the exact types above take a shortcut."""
+    shortcut = _SCALAR_JSON.get(type(value))
+    return shortcut(value) if shortcut is not None else _json(value)
 
 
 def period_start_us(at: dt.datetime, period: dt.timedelta) -> int:
@@ -100,7 +117,7 @@ def canonical_args(args_class: type, data: Any, flag: str) -> str:
         return _json(data)
     chosen = marked_subset(args_class, data, flag)
     source = chosen if chosen is not None else data
-    return "{" + ",".join(f"{_json(k)}:{_json(source[k])}" for k in sorted(source)) + "}"
+    return "{" + ",".join(f"{_encode(k)}:{_encode(source[k])}" for k in sorted(source)) + "}"
 
 
 def canonical_bytes(
@@ -114,13 +131,13 @@ def canonical_bytes(
     """Assemble the canonical bytes; each ``None`` dimension is left out."""
     lines = [f"sa_jobs:{purpose}:v1"]
     if kind is not None:
-        lines.append(f"kind={_json(kind)}")
+        lines.append(f"kind={_encode(kind)}")
     if args is not None:
         lines.append(f"args={args}")
     if period_us is not None:
         lines.append(f"period={period_us}")
     if queue is not None:
-        lines.append(f"queue={_json(queue)}")
+        lines.append(f"queue={_encode(queue)}")
     return "\n".join(lines).encode("utf-8")
 
 

@@ -173,6 +173,31 @@ def test_top_level_key_order_of_the_stored_object_does_not_matter() -> None:
     )
 
 
+#: Any value the stored args JSON can hold (finite floats: the converter refuses the rest).
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@given(st.dictionaries(st.text(), JSON_VALUES, max_size=6))
+def test_the_args_line_is_the_documented_json_of_any_object(data: dict[str, Any]) -> None:
+    # The key is built with shortcuts for common scalars; it must still be exactly the
+    # encoding docs/unique-jobs.md documents: compact, non-ASCII kept, top level sorted.
+    documented = json.dumps(
+        {key: data[key] for key in sorted(data)},
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=False,
+    )
+    assert canonical_args(Plain, data, "unique") == documented
+
+
 def test_subset_of_marked_fields_including_nested_attrs_fields() -> None:
     args = Subset(
         account=7,
