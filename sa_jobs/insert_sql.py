@@ -45,9 +45,10 @@ from sa_jobs.models import (
     JobState,
     job_state_type,
     json_recordset,
+    states_bitmask,
     unique_index,
 )
-from sa_jobs.options import JobKeyMode
+from sa_jobs.options import DEFAULT_UNIQUE_STATES, JobKeyMode
 from sa_jobs.sequence import lock_keys_in, waits_in_sequence
 from sa_jobs.unique import release_expired_locks, unique_duplicate
 
@@ -73,6 +74,9 @@ _ROW_COLUMNS = (
     column("sequence_continue_on_discarded", Boolean),
     column("job_key", Text),
 )
+
+#: What a unique row without ``unique_states`` blocks in (unique.py leaves the default out).
+_DEFAULT_UNIQUE_STATES = literal_column(f"B'{states_bitmask(DEFAULT_UNIQUE_STATES)}'", BIT(8))
 
 _INSERTED_COLUMNS = (
     "kind",
@@ -192,7 +196,7 @@ def _build_insert(
         ttl = func.make_interval(0, 0, 0, 0, 0, 0, source.c.unique_ttl)
         values += [
             source.c.unique_key,
-            source.c.unique_states,
+            func.coalesce(source.c.unique_states, _DEFAULT_UNIQUE_STATES),
             case((source.c.unique_ttl.is_not(None), due_at + ttl), else_=null()),
             func.coalesce(source.c.unique_until_start, False),
         ]

@@ -12,6 +12,7 @@ lock has expired.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -31,7 +32,7 @@ from sqlalchemy.sql.selectable import CTE, TableValuedAlias
 from sa_jobs.args import JobKind
 from sa_jobs.keys import canonical_args, canonical_bytes, key_digest, period_start_us
 from sa_jobs.models import Job, holds_ttl_lock, holds_unique_key, job_table, states_bitmask
-from sa_jobs.options import ResolvedInsert, UniqueOpts
+from sa_jobs.options import DEFAULT_UNIQUE_STATES, ResolvedInsert, UniqueOpts
 
 __all__ = ["fold_duplicates", "release_expired_locks", "unique_key_bytes", "unique_values"]
 
@@ -60,12 +61,23 @@ def unique_values(
     if opts is None or opts.is_empty:
         return {}
     key = key_digest(unique_key_bytes(kind, args_json, resolved, opts, now))
-    return {
-        "unique_key": "\\x" + key.hex(),
-        "unique_states": states_bitmask(opts.states),
-        "unique_ttl": opts.ttl.total_seconds() if opts.ttl is not None else None,
-        "unique_until_start": opts.until == "start",
-    }
+    values = {"unique_key": "\\x" + key.hex()}
+    values.update(_lock_values(opts))
+    return values
+
+
+@functools.lru_cache(maxsize=1024)
+def _lock_values(opts: UniqueOpts) -> tuple[tuple[str, Any], ...]:
+    """The row fields that follow from the options alone, left out where they hold the
+    default (the statement reads a missing field as the default): rows stay small."""
+    values: list[tuple[str, Any]] = []
+    if opts.states != DEFAULT_UNIQUE_STATES:
+        values.append(("unique_states", states_bitmask(opts.states)))
+    if opts.ttl is not None:
+        values.append(("unique_ttl", opts.ttl.total_seconds()))
+    if opts.until == "start":
+        values.append(("unique_until_start", True))
+    return tuple(values)
 
 
 def fold_duplicates(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
