@@ -288,11 +288,11 @@ def holds_ttl_lock(jobs: FromClause) -> ColumnElement[bool]:
     return and_(holds_unique_key(jobs), jobs.c.unique_expires_at.is_not(None))
 
 
-#: The holders whose lock can expire: usually few or none. Inserts look here first, so a
-#: table with no TTL locks spends nothing on releasing them (see unique.py).
+#: The holders whose lock can expire, by when it does. Inserts look here first for one
+#: lock that has expired, so while none has, they spend nothing on releasing (unique.py).
 unique_ttl_index = Index(
     "sa_job_unique_ttl_idx",
-    job_table.c.unique_key,
+    job_table.c.unique_expires_at,
     postgresql_where=holds_ttl_lock(job_table),
 )
 

@@ -21,11 +21,13 @@ from sqlalchemy import (
     any_,
     exists,
     func,
+    literal,
     null,
     or_,
     select,
     update,
 )
+from sqlalchemy.dialects.postgresql import TIMESTAMP
 from sqlalchemy.sql.expression import ColumnElement
 from sqlalchemy.sql.selectable import CTE, TableValuedAlias
 
@@ -115,6 +117,9 @@ def unique_duplicate(key: Any) -> ColumnElement[bool]:
     )
 
 
+_NEVER = literal("infinity", TIMESTAMP(timezone=True))
+
+
 def release_expired_locks(source: TableValuedAlias) -> CTE:
     """Clear the key of jobs whose TTL has passed, for the keys this batch inserts.
 
@@ -127,19 +132,28 @@ def release_expired_locks(source: TableValuedAlias) -> CTE:
     * The batch's keys are compared with ``= ANY(ARRAY(...))``, an index condition, so
       each key is one probe. (``IN (SELECT ...)`` is planned as a semi-join, and since the
       planner cannot estimate the index predicate it may read every held key instead.)
-    * An uncorrelated ``EXISTS`` over ``sa_job_unique_ttl_idx`` guards the whole step; it
-      runs once, before anything else, and when no key is held under a TTL the batch's
-      keys are never even read.
+    * An uncorrelated ``EXISTS`` guards the whole step: is any TTL lock held past its
+      expiry? It runs once, before anything else, as one lookup at the low end of
+      ``sa_job_unique_ttl_idx``; when the answer is no (no TTL locks, or none expired),
+      the batch's keys are never even read.
+
+    The expiry test on the rows to release reads ``coalesce(unique_expires_at,
+    'infinity')`` (a lock without a TTL never expires) rather than the bare column, which
+    would let the planner sweep every expired lock in ``sa_job_unique_ttl_idx`` instead of
+    probing the batch's keys in ``sa_job_unique_idx``; with thousands of expired locks
+    left unreleased, it did.
     """
     keys = select(source.c.unique_key).where(source.c.unique_key.is_not(None))
     ttl_holder = job_table.alias("ttl_holder")
     return (
         update(Job)
         .where(
-            exists().where(holds_ttl_lock(ttl_holder)),
+            exists().where(
+                holds_ttl_lock(ttl_holder), ttl_holder.c.unique_expires_at <= func.now()
+            ),
             Job.unique_key == any_(func.array(keys.scalar_subquery())),
             holds_unique_key(job_table),
-            Job.unique_expires_at <= func.now(),
+            func.coalesce(Job.unique_expires_at, _NEVER) <= func.now(),
         )
         .values(unique_key=null())
         .returning(Job.id)

@@ -4,7 +4,7 @@ Before each unique insert takes its keys, it releases those held under an expire
 (``release_expired_locks``). These tests read the plan PostgreSQL actually ran (``EXPLAIN
 ANALYZE`` of the very statement and parameters an insert sent) and check how many rows of
 ``sa_job`` it touched: a handful, not one per key already in the table. They also check
-that the step is skipped outright when no key is held under a TTL, and that a database
+that the step is skipped outright while no TTL lock has expired, and that a database
 without ``sa_job_unique_ttl_idx`` (the unique branch's first revision only) still works.
 """
 
@@ -126,14 +126,21 @@ def insert_batch(account_ids: list[int]) -> Callable[[Session], Any]:
 # ------------------------------------------------------------------ how much is read
 
 
-@pytest.mark.parametrize("ttl", [None, HOUR], ids=["no-ttl-locks", "ttl-locks"])
+HELD_KINDS = {
+    "no-ttl-locks": {"ttl": None},
+    "ttl-locks": {"ttl": HOUR},
+    "expired-ttl-locks": {"ttl": HOUR, "expired": True},
+}
+
+
+@pytest.mark.parametrize("held", HELD_KINDS.values(), ids=HELD_KINDS.keys())
 @pytest.mark.parametrize(
     "batch", [[HELD + 1], [*range(HELD, HELD + 5), 7, 8]], ids=["one", "seven"]
 )
 def test_a_unique_insert_reads_only_its_own_keys_however_many_are_held(
-    engine: Engine, ttl: dt.timedelta | None, batch: list[int]
+    engine: Engine, held: dict[str, Any], batch: list[int]
 ) -> None:
-    hold_keys(engine, ttl=ttl)
+    hold_keys(engine, **held)
     with engine.begin() as connection:
         connection.execute(text("ANALYZE sa_job"))
     plan = explain_insert(engine, insert_batch(batch))
@@ -152,13 +159,18 @@ def test_the_first_insert_into_a_fresh_table_reads_only_its_own_keys(engine: Eng
     assert heaviest_reads(plan)[0][0] <= PER_NODE_LIMIT, heaviest_reads(plan)[:3]
 
 
-def test_without_ttl_locks_the_release_step_reads_nothing(engine: Engine) -> None:
-    hold_keys(engine, ttl=None)
-    plan = explain_insert(engine, insert_batch([HELD + 1, HELD + 2]))
+@pytest.mark.parametrize("ttl", [None, HOUR], ids=["no-ttl-locks", "unexpired-ttl-locks"])
+def test_without_an_expired_lock_the_release_step_reads_nothing(
+    engine: Engine, ttl: dt.timedelta | None
+) -> None:
+    hold_keys(engine, ttl=ttl)
+    plan = explain_insert(engine, insert_batch([HELD + 1, HELD + 2, 7]))
     step = release_step(plan)
     executed = [n for n in nodes(step) if n.get("Actual Loops", 0) > 0]
-    # Only the guard ran: one lookup in the (empty) index of TTL holders.
-    assert [n.get("Index Name") for n in executed if reads_sa_job(n)] == ["sa_job_unique_ttl_idx"]
+    # Only the guard ran: one lookup in the index of TTL holders, which found nothing.
+    guard = [n for n in executed if reads_sa_job(n)]
+    assert [n.get("Index Name") for n in guard] == ["sa_job_unique_ttl_idx"]
+    assert [rows_touched(n) for n in guard] == [0]
     # The batch's keys (read from the parsed rows) are never even looked at.
     batch_reads = [n for n in nodes(step) if n["Node Type"] in ("CTE Scan", "Function Scan")]
     assert batch_reads and all(n.get("Actual Loops", 0) == 0 for n in batch_reads)

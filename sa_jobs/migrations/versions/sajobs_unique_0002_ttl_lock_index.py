@@ -1,14 +1,14 @@
-"""sa_jobs unique: an index of the unique keys held under a TTL.
+"""sa_jobs unique: an index of the unique keys held under a TTL, by expiry.
 
 Revision ID: sajobs_unique_0002
 Revises: sajobs_unique_0001
 Create Date: 2026-11-23
 
 Every unique insert first releases the keys it is about to take whose TTL has passed.
-Without this index that step probed (or, with the planner misled by the partial index's
-predicate, scanned) every held key; with it, a table without TTL locks skips the step
-in one index lookup and one with TTL locks probes only those. A database without this
-revision works the same, only slower.
+With this index it first asks whether any TTL lock has expired at all, one index lookup,
+and skips the step when none has: the common case, since an expired lock is released by
+the next insert of its key. A database without this revision works the same, only
+slower.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def upgrade() -> None:
     op.create_index(
         op.f("sa_job_unique_ttl_idx"),
         "sa_job",
-        ["unique_key"],
+        ["unique_expires_at"],
         postgresql_where=sa.text(
             "unique_key IS NOT NULL AND unique_states IS NOT NULL "
             "AND sa_job_state_in_bitmask(unique_states, state) "
