@@ -21,7 +21,7 @@ from sqlalchemy import (
     any_,
     exists,
     func,
-    literal,
+    literal_column,
     null,
     or_,
     select,
@@ -117,7 +117,7 @@ def unique_duplicate(key: Any) -> ColumnElement[bool]:
     )
 
 
-_NEVER = literal("infinity", TIMESTAMP(timezone=True))
+_NEVER = literal_column("'infinity'", TIMESTAMP(timezone=True))
 
 
 def release_expired_locks(source: TableValuedAlias) -> CTE:
@@ -132,25 +132,33 @@ def release_expired_locks(source: TableValuedAlias) -> CTE:
     * The batch's keys are compared with ``= ANY(ARRAY(...))``, an index condition, so
       each key is one probe. (``IN (SELECT ...)`` is planned as a semi-join, and since the
       planner cannot estimate the index predicate it may read every held key instead.)
-    * An uncorrelated ``EXISTS`` guards the whole step: is any TTL lock held past its
-      expiry? It runs once, before anything else, as one lookup at the low end of
-      ``sa_job_unique_ttl_idx``; when the answer is no (no TTL locks, or none expired),
-      the batch's keys are never even read.
+    * A guard runs once, before anything else: has the earliest TTL lock expired? That
+      is ``min(unique_expires_at)`` over ``sa_job_unique_ttl_idx``, one lookup at the
+      low end of the index. While the answer is no (no TTL locks, or none expired), the
+      batch's keys are never even read.
 
-    The expiry test on the rows to release reads ``coalesce(unique_expires_at,
-    'infinity')`` (a lock without a TTL never expires) rather than the bare column, which
-    would let the planner sweep every expired lock in ``sa_job_unique_ttl_idx`` instead of
-    probing the batch's keys in ``sa_job_unique_idx``; with thousands of expired locks
-    left unreleased, it did.
+    Both are written so that no plan PostgreSQL may pick reads more, including the
+    generic plan a pooled connection caches while the table is still small:
+
+    * The guard asks for the ``min()``, which only an index ordered by expiry answers in
+      one lookup. ``EXISTS (... WHERE unique_expires_at <= now())`` was cached as a scan
+      of every held key in ``sa_job_unique_idx``.
+    * The rows to release test ``coalesce(unique_expires_at, 'infinity')`` (a lock
+      without a TTL never expires) rather than the bare column, which let the planner
+      sweep every expired lock in ``sa_job_unique_ttl_idx`` instead of probing the
+      batch's keys in ``sa_job_unique_idx``.
     """
     keys = select(source.c.unique_key).where(source.c.unique_key.is_not(None))
     ttl_holder = job_table.alias("ttl_holder")
+    earliest_expiry = (
+        select(func.min(ttl_holder.c.unique_expires_at))
+        .where(holds_ttl_lock(ttl_holder))
+        .scalar_subquery()
+    )
     return (
         update(Job)
         .where(
-            exists().where(
-                holds_ttl_lock(ttl_holder), ttl_holder.c.unique_expires_at <= func.now()
-            ),
+            earliest_expiry <= func.now(),
             Job.unique_key == any_(func.array(keys.scalar_subquery())),
             holds_unique_key(job_table),
             func.coalesce(Job.unique_expires_at, _NEVER) <= func.now(),

@@ -3,20 +3,26 @@
 Before each unique insert takes its keys, it releases those held under an expired TTL
 (``release_expired_locks``). These tests read the plan PostgreSQL actually ran (``EXPLAIN
 ANALYZE`` of the very statement and parameters an insert sent) and check how many rows of
-``sa_job`` it touched: a handful, not one per key already in the table. They also check
-that the step is skipped outright while no TTL lock has expired, and that a database
-without ``sa_job_unique_ttl_idx`` (the unique branch's first revision only) still works.
+``sa_job`` it touched: a handful, not one per key already in the table. They do so for
+the plan made for one run and for the generic plan a pooled connection caches while the
+table is small and keeps as it grows. They also check that the step is skipped outright
+while no TTL lock has expired, and that a database without ``sa_job_unique_ttl_idx``
+(the unique branch's first revision only) still works.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from psycopg import sql
 from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
 
 import sa_jobs
 from sa_jobs import InsertManyParams, UniqueOpts
@@ -35,25 +41,34 @@ class Account:
     account_id: int = 0
 
 
-def hold_keys(engine: Engine, *, ttl: dt.timedelta | None, expired: bool = False) -> None:
-    """Fill the table with HELD jobs holding keys 0..HELD-1 (under a TTL if ``ttl``)."""
+@sa_jobs.job_args(kind="test_unique_scale.report")
+class Report:
+    report_id: int = 0
+
+
+def hold_keys(
+    engine: Engine,
+    *,
+    ttl: dt.timedelta | None,
+    expired: bool = False,
+    first: int = 0,
+    count: int = HELD,
+) -> None:
+    """Add jobs holding keys first..count-1 (under a TTL if ``ttl``; expired if ``expired``)."""
     unique = UniqueOpts(by_args=True, ttl=ttl)
     scheduled_at = dt.datetime.now(dt.UTC) - 2 * HOUR if expired else None
     with Session(engine) as session, session.begin():
         sa_jobs.insert_many(
             session,
-            [Account(n) for n in range(HELD)],
+            [Account(n) for n in range(first, count)],
             unique=unique,
             scheduled_at=scheduled_at,
         )
 
 
-def explain_insert(engine: Engine, insert: Callable[[Session], Any]) -> dict[str, Any]:
-    """The plan (EXPLAIN ANALYZE, JSON) of the INSERT that ``insert`` sends.
-
-    The insert runs once to capture its SQL and parameters as sent to the driver, and
-    the EXPLAIN runs them again; both in transactions that roll back.
-    """
+def sent_by(engine: Engine, insert: Callable[[Session], Any]) -> tuple[str, dict[str, Any]]:
+    """The INSERT statement and parameters that ``insert`` sends to the driver (it runs
+    in a transaction that rolls back)."""
     sent: list[tuple[str, Any]] = []
 
     def capture(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
@@ -68,6 +83,13 @@ def explain_insert(engine: Engine, insert: Callable[[Session], Any]) -> dict[str
     finally:
         event.remove(engine, "before_cursor_execute", capture)
     ((statement, parameters),) = sent
+    return statement, parameters
+
+
+def explain_insert(engine: Engine, insert: Callable[[Session], Any]) -> dict[str, Any]:
+    """The plan (EXPLAIN ANALYZE, JSON) of the INSERT that ``insert`` sends, planned
+    for its parameters as a one-off statement is."""
+    statement, parameters = sent_by(engine, insert)
     with engine.connect() as connection:
         plan = connection.exec_driver_sql(
             "EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters
@@ -75,6 +97,71 @@ def explain_insert(engine: Engine, insert: Callable[[Session], Any]) -> dict[str
         connection.rollback()
     root: dict[str, Any] = plan[0]["Plan"]
     return root
+
+
+@contextlib.contextmanager
+def warmed_connection(engine: Engine) -> Iterator[Callable[[], dict[str, Any]]]:
+    """A connection that has run unique inserts until PostgreSQL settled on a cached plan
+    for them; yields a function that explains (EXPLAIN ANALYZE, JSON) running the last
+    one again through that very plan.
+
+    That is what a pooled connection does: psycopg prepares a statement on its fifth run,
+    and PostgreSQL then switches to a generic plan, made without the parameters' values
+    for the table as it was at that moment, and keeps it as the table grows until the
+    next ANALYZE. The table is small here while the plan is made.
+    """
+    own = create_engine(engine.url, poolclass=NullPool)
+    sent: list[tuple[str, Any]] = []
+
+    def capture(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if statement.lstrip().startswith("WITH") and "released_unique_keys" in statement:
+            sent.append((statement, parameters))
+
+    try:
+        with own.connect() as connection:
+            event.listen(connection, "before_cursor_execute", capture)
+            for n in range(10):  # what an application does: plain, unique and TTL jobs
+                for args, unique in (
+                    (Report(n), None),
+                    (Account(10**6 + n), BY_ARGS),
+                    (Account(2 * 10**6 + n), UniqueOpts(by_args=True, ttl=HOUR)),
+                ):
+                    with Session(bind=connection) as session:
+                        sa_jobs.insert(session, args, unique=unique)
+                        session.commit()
+            event.remove(connection, "before_cursor_execute", capture)
+            # No rollback from here on: psycopg forgets its prepared statements on one.
+            name, generic_plans, types = connection.execute(
+                text(
+                    "SELECT name, generic_plans, parameter_types::text[]"
+                    " FROM pg_prepared_statements WHERE statement LIKE :released"
+                ),
+                {"released": "%released_unique_keys%"},
+            ).one()
+            assert generic_plans > 0, "PostgreSQL never used a cached plan: nothing to test"
+            statement, parameters = sent[-1]
+            # psycopg numbers named parameters in order of first appearance; EXECUTE inside
+            # EXPLAIN takes no bound parameters, so the values go in as literals.
+            names = dict.fromkeys(re.findall(r"%\((\w+)\)s", statement))
+            arguments = sql.SQL(", ").join(
+                sql.SQL("{}::{}").format(sql.Literal(parameters[name]), sql.SQL(type_))
+                for name, type_ in zip(names, types, strict=True)
+            )
+            explain = sql.SQL("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {} ({})").format(
+                sql.Identifier(name), arguments
+            )
+            driver = connection.connection.driver_connection
+            assert driver is not None
+
+            def explain_last_insert() -> dict[str, Any]:
+                plan = connection.exec_driver_sql(explain.as_string(driver)).scalar_one()
+                root: dict[str, Any] = plan[0]["Plan"]
+                return root
+
+            yield explain_last_insert
+            connection.rollback()
+    finally:
+        own.dispose()
 
 
 def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -144,6 +231,30 @@ def test_a_unique_insert_reads_only_its_own_keys_however_many_are_held(
     with engine.begin() as connection:
         connection.execute(text("ANALYZE sa_job"))
     plan = explain_insert(engine, insert_batch(batch))
+    assert_reads_only_its_own_keys(plan, batch)
+
+
+@pytest.fixture
+def fresh_engine(pg_server: Server) -> Iterator[Engine]:
+    """A database of its own, never analyzed: the state a new deployment starts in."""
+    with throwaway_database(pg_server, prefix="sa_jobs_unique_fresh") as url:
+        engine = create_engine(url)
+        sa_jobs.migrate(engine)
+        yield engine
+        engine.dispose()
+
+
+@pytest.mark.parametrize("held", HELD_KINDS.values(), ids=HELD_KINDS.keys())
+def test_a_plan_cached_while_the_table_was_small_still_reads_only_its_own_keys(
+    fresh_engine: Engine, held: dict[str, Any]
+) -> None:
+    with warmed_connection(fresh_engine) as explain_last_insert:
+        hold_keys(fresh_engine, **held)
+        plan = explain_last_insert()
+    assert_reads_only_its_own_keys(plan, [2 * 10**6 + 9])
+
+
+def assert_reads_only_its_own_keys(plan: dict[str, Any], batch: list[int]) -> None:
     heaviest = heaviest_reads(plan)
     assert heaviest, "the plan reads sa_job somewhere (the conflict check at least)"
     assert heaviest[0][0] <= PER_NODE_LIMIT, (
@@ -167,10 +278,11 @@ def test_without_an_expired_lock_the_release_step_reads_nothing(
     plan = explain_insert(engine, insert_batch([HELD + 1, HELD + 2, 7]))
     step = release_step(plan)
     executed = [n for n in nodes(step) if n.get("Actual Loops", 0) > 0]
-    # Only the guard ran: one lookup in the index of TTL holders, which found nothing.
+    # Only the guard ran: one lookup at the low end of the index of TTL holders, which
+    # found no lock or one that has not expired.
     guard = [n for n in executed if reads_sa_job(n)]
     assert [n.get("Index Name") for n in guard] == ["sa_job_unique_ttl_idx"]
-    assert [rows_touched(n) for n in guard] == [0]
+    assert [rows_touched(n) for n in guard] == [0 if ttl is None else 1]
     # The batch's keys (read from the parsed rows) are never even looked at.
     batch_reads = [n for n in nodes(step) if n["Node Type"] in ("CTE Scan", "Function Scan")]
     assert batch_reads and all(n.get("Actual Loops", 0) == 0 for n in batch_reads)
