@@ -13,8 +13,8 @@ import pytest
 from sqlalchemy import URL, Engine, create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
-import sa_jobs
-from sa_jobs.devdb import Server, find_server, throwaway_database
+from sa_jobs.devdb import Server, find_server
+from tests.databases import migrated_database
 
 
 @pytest.fixture(scope="session")
@@ -27,10 +27,7 @@ def pg_server() -> Iterator[Server]:
 
 @pytest.fixture(scope="session")
 def database_url(pg_server: Server) -> Iterator[URL]:
-    with throwaway_database(pg_server, prefix="sa_jobs_test") as url:
-        engine = create_engine(url)
-        sa_jobs.migrate(engine)
-        engine.dispose()
+    with migrated_database(pg_server, "sa_jobs_test") as url:
         yield url
 
 
@@ -58,10 +55,7 @@ def session_factory(engine: Engine) -> sessionmaker[Session]:
 @pytest.fixture(scope="session")
 def core_only_url(pg_server: Server) -> Iterator[URL]:
     """A database with only the core branch installed (no unique, sequence, job_key)."""
-    with throwaway_database(pg_server, prefix="sa_jobs_core_only") as url:
-        engine = create_engine(url)
-        sa_jobs.migrate(engine, "sa_jobs_core@head")
-        engine.dispose()
+    with migrated_database(pg_server, "sa_jobs_core_only", "sa_jobs_core@head") as url:
         yield url
 
 

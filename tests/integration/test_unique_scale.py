@@ -26,7 +26,8 @@ from sqlalchemy.pool import NullPool
 
 import sa_jobs
 from sa_jobs import InsertManyParams, UniqueOpts
-from sa_jobs.devdb import Server, throwaway_database
+from sa_jobs.devdb import Server
+from tests.databases import migrated_database
 
 BY_ARGS = UniqueOpts(by_args=True)
 HOUR = dt.timedelta(hours=1)
@@ -237,9 +238,8 @@ def test_a_unique_insert_reads_only_its_own_keys_however_many_are_held(
 @pytest.fixture
 def fresh_engine(pg_server: Server) -> Iterator[Engine]:
     """A database of its own, never analyzed: the state a new deployment starts in."""
-    with throwaway_database(pg_server, prefix="sa_jobs_unique_fresh") as url:
+    with migrated_database(pg_server, "sa_jobs_unique_fresh") as url:
         engine = create_engine(url)
-        sa_jobs.migrate(engine)
         yield engine
         engine.dispose()
 
@@ -314,10 +314,7 @@ def test_expired_locks_among_many_held_are_released_and_only_those(engine: Engin
 
 @pytest.fixture(scope="module")
 def unique_0001_url(pg_server: Server) -> Iterator[Any]:
-    with throwaway_database(pg_server, prefix="sa_jobs_unique_0001") as url:
-        engine = create_engine(url)
-        sa_jobs.migrate(engine, "sajobs_unique_0001")
-        engine.dispose()
+    with migrated_database(pg_server, "sa_jobs_unique_0001", "sajobs_unique_0001") as url:
         yield url
 
 

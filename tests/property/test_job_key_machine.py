@@ -61,10 +61,11 @@ from sqlalchemy.orm import Session
 import sa_jobs
 from sa_jobs import InsertAction, InsertManyParams, InsertOpts, JobKeyMode, JobState
 from sa_jobs.complete import CANCEL_ATTEMPTED_KEY, JOB_KEY_REPLACED_KEY, Ending, Outcome, finish_in
-from sa_jobs.devdb import Server, throwaway_database
+from sa_jobs.devdb import Server
 from sa_jobs.job_key import RemoveOutcome
 from sa_jobs.worker.maintenance.scheduler import Scheduler
 from sa_jobs.worker.producer import fetch_jobs
+from tests.databases import migrated_database
 
 # ------------------------------------------------------------------ the jobs
 
@@ -544,9 +545,8 @@ class JobKeysMachine(RuleBasedStateMachine):
 
 @pytest.fixture(scope="module")
 def machine_engine(pg_server: Server) -> Iterator[Engine]:
-    with throwaway_database(pg_server, prefix="sa_jobs_jk_machine") as url:
+    with migrated_database(pg_server, "sa_jobs_jk_machine") as url:
         engine = create_engine(url)
-        sa_jobs.migrate(engine)
         yield engine
         engine.dispose()
 

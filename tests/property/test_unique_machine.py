@@ -63,12 +63,13 @@ import sa_jobs
 from sa_jobs import InsertManyParams, InsertOpts, JobState, UniqueOpts
 from sa_jobs.args import kind_of
 from sa_jobs.complete import Ending, Outcome, jobs_finish
-from sa_jobs.devdb import Server, throwaway_database
+from sa_jobs.devdb import Server
 from sa_jobs.errors import JobStateError, UniqueConflictError
 from sa_jobs.keys import period_start_us
 from sa_jobs.options import REQUIRED_UNIQUE_STATES
 from sa_jobs.worker.maintenance.scheduler import UNIQUE_CONFLICT_KEY, Scheduler
 from sa_jobs.worker.producer import fetch_jobs
+from tests.databases import migrated_database
 
 # ------------------------------------------------------------------ the jobs
 
@@ -579,9 +580,8 @@ class UniqueJobsMachine(RuleBasedStateMachine):
 
 @pytest.fixture(scope="module")
 def machine_engine(pg_server: Server) -> Iterator[Engine]:
-    with throwaway_database(pg_server, prefix="sa_jobs_machine") as url:
+    with migrated_database(pg_server, "sa_jobs_machine") as url:
         engine = create_engine(url)
-        sa_jobs.migrate(engine)
         yield engine
         engine.dispose()
 
