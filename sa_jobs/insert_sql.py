@@ -196,7 +196,13 @@ def _build_insert(
         ttl = func.make_interval(0, 0, 0, 0, 0, 0, source.c.unique_ttl)
         values += [
             source.c.unique_key,
-            func.coalesce(source.c.unique_states, _DEFAULT_UNIQUE_STATES),
+            case(
+                (
+                    source.c.unique_key.is_not(None),
+                    func.coalesce(source.c.unique_states, _DEFAULT_UNIQUE_STATES),
+                ),
+                else_=null(),
+            ),
             case((source.c.unique_ttl.is_not(None), due_at + ttl), else_=null()),
             func.coalesce(source.c.unique_until_start, False),
         ]

@@ -28,8 +28,8 @@ from sa_jobs.errors import (
     SchemaMissingError,
     UniqueConflictError,
 )
-from sa_jobs.models import FINAL_STATES
-from sa_jobs.options import REQUIRED_UNIQUE_STATES
+from sa_jobs.models import FINAL_STATES, states_bitmask
+from sa_jobs.options import DEFAULT_UNIQUE_STATES, REQUIRED_UNIQUE_STATES
 from sa_jobs.schema import CORE_BRANCH, UNIQUE_BRANCH, installed_branches
 from sa_jobs.testing import canonical_unique_key
 from sa_jobs.worker.maintenance.scheduler import UNIQUE_CONFLICT_KEY, Scheduler
@@ -271,6 +271,36 @@ def test_insert_many_folds_by_key_whatever_each_items_options(engine: Engine) ->
     assert flags == [False, True, False, False]
     assert results[1].job.id == results[0].job.id
     assert len({r.job.id for r in results}) == 3
+
+
+def test_each_row_of_a_mixed_batch_stores_its_own_lock_settings(engine: Engine) -> None:
+    # Default settings travel as absent fields (rows stay small); the statement must
+    # still store each row's own, and nothing for a row that is not unique.
+    ttl_at_start = UniqueOpts(by_args=True, ttl=HOUR, until="start")
+    with Session(engine) as session, session.begin():
+        sa_jobs.insert_many(
+            session,
+            [
+                InsertManyParams(Account(1), InsertOpts(unique=BY_ARGS)),
+                InsertManyParams(Account(2), InsertOpts(unique=NO_RETRYABLE)),
+                InsertManyParams(Account(3), InsertOpts(unique=UniqueOpts())),
+                InsertManyParams(Account(4), InsertOpts(unique=ttl_at_start)),
+            ],
+        )
+    with engine.connect() as connection:
+        stored = connection.execute(
+            text(
+                "SELECT unique_key IS NOT NULL, unique_states::text,"
+                " unique_expires_at - scheduled_at, unique_until_start FROM sa_job"
+                " ORDER BY args->>'account_id'"
+            )
+        ).all()
+    assert [tuple(row) for row in stored] == [
+        (True, states_bitmask(DEFAULT_UNIQUE_STATES), None, False),
+        (True, states_bitmask(NO_RETRYABLE.states), None, False),
+        (False, None, None, False),
+        (True, states_bitmask(DEFAULT_UNIQUE_STATES), HOUR, True),
+    ]
 
 
 def test_insert_many_across_batches_meets_the_earlier_batch_in_the_database(
