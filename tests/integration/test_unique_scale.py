@@ -67,24 +67,37 @@ def hold_keys(
         )
 
 
-def sent_by(engine: Engine, insert: Callable[[Session], Any]) -> tuple[str, dict[str, Any]]:
-    """The INSERT statement and parameters that ``insert`` sends to the driver (it runs
-    in a transaction that rolls back)."""
+@contextlib.contextmanager
+def inserts_sent(through: Engine | Connection) -> Iterator[list[tuple[str, Any]]]:
+    """Records each INSERT into sa_job sent ``through`` the engine or connection, as the
+    statement and parameters the driver got."""
     sent: list[tuple[str, Any]] = []
 
     def capture(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
         if statement.lstrip().startswith(("WITH", "INSERT")) and "sa_job" in statement:
             sent.append((statement, parameters))
 
-    event.listen(engine, "before_cursor_execute", capture)
+    event.listen(through, "before_cursor_execute", capture)
     try:
-        with Session(engine) as session, session.begin():
-            insert(session)
-            session.rollback()
+        yield sent
     finally:
-        event.remove(engine, "before_cursor_execute", capture)
+        event.remove(through, "before_cursor_execute", capture)
+
+
+def sent_by(engine: Engine, insert: Callable[[Session], Any]) -> tuple[str, dict[str, Any]]:
+    """The INSERT statement and parameters that ``insert`` sends to the driver (it runs
+    in a transaction that rolls back)."""
+    with inserts_sent(engine) as sent, Session(engine) as session, session.begin():
+        insert(session)
+        session.rollback()
     ((statement, parameters),) = sent
     return statement, parameters
+
+
+def plan_root(explained: Any) -> dict[str, Any]:
+    """The top node of an ``EXPLAIN (FORMAT JSON)`` result."""
+    root: dict[str, Any] = explained[0]["Plan"]
+    return root
 
 
 def explain_insert(engine: Engine, insert: Callable[[Session], Any]) -> dict[str, Any]:
@@ -96,8 +109,7 @@ def explain_insert(engine: Engine, insert: Callable[[Session], Any]) -> dict[str
             "EXPLAIN (ANALYZE, FORMAT JSON) " + statement, parameters
         ).scalar_one()
         connection.rollback()
-    root: dict[str, Any] = plan[0]["Plan"]
-    return root
+    return plan_root(plan)
 
 
 @contextlib.contextmanager
@@ -112,25 +124,18 @@ def warmed_connection(engine: Engine) -> Iterator[Callable[[], dict[str, Any]]]:
     next ANALYZE. The table is small here while the plan is made.
     """
     own = create_engine(engine.url, poolclass=NullPool)
-    sent: list[tuple[str, Any]] = []
-
-    def capture(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if statement.lstrip().startswith("WITH") and "released_unique_keys" in statement:
-            sent.append((statement, parameters))
-
     try:
         with own.connect() as connection:
-            event.listen(connection, "before_cursor_execute", capture)
-            for n in range(10):  # what an application does: plain, unique and TTL jobs
-                for args, unique in (
-                    (Report(n), None),
-                    (Account(10**6 + n), BY_ARGS),
-                    (Account(2 * 10**6 + n), UniqueOpts(by_args=True, ttl=HOUR)),
-                ):
-                    with Session(bind=connection) as session:
-                        sa_jobs.insert(session, args, unique=unique)
-                        session.commit()
-            event.remove(connection, "before_cursor_execute", capture)
+            with inserts_sent(connection) as sent:
+                for n in range(10):  # what an application does: plain, unique and TTL jobs
+                    for args, unique in (
+                        (Report(n), None),
+                        (Account(10**6 + n), BY_ARGS),
+                        (Account(2 * 10**6 + n), UniqueOpts(by_args=True, ttl=HOUR)),
+                    ):
+                        with Session(bind=connection) as session:
+                            sa_jobs.insert(session, args, unique=unique)
+                            session.commit()
             # No rollback from here on: psycopg forgets its prepared statements on one.
             name, generic_plans, types = connection.execute(
                 text(
@@ -140,7 +145,7 @@ def warmed_connection(engine: Engine) -> Iterator[Callable[[], dict[str, Any]]]:
                 {"released": "%released_unique_keys%"},
             ).one()
             assert generic_plans > 0, "PostgreSQL never used a cached plan: nothing to test"
-            statement, parameters = sent[-1]
+            statement, parameters = [s for s in sent if "released_unique_keys" in s[0]][-1]
             # psycopg numbers named parameters in order of first appearance; EXECUTE inside
             # EXPLAIN takes no bound parameters, so the values go in as literals.
             names = dict.fromkeys(re.findall(r"%\((\w+)\)s", statement))
@@ -155,9 +160,7 @@ def warmed_connection(engine: Engine) -> Iterator[Callable[[], dict[str, Any]]]:
             assert driver is not None
 
             def explain_last_insert() -> dict[str, Any]:
-                plan = connection.exec_driver_sql(explain.as_string(driver)).scalar_one()
-                root: dict[str, Any] = plan[0]["Plan"]
-                return root
+                return plan_root(connection.exec_driver_sql(explain.as_string(driver)).scalar_one())
 
             yield explain_last_insert
             connection.rollback()
