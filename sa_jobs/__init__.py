@@ -7,9 +7,10 @@ at least once. See the README and ``docs/`` for a tour.
 from __future__ import annotations
 
 from sa_jobs import errors
-from sa_jobs.args import ArgsConverter, KindRegistry, field, job_args
+from sa_jobs.args import KindRegistry, field, job_args
 from sa_jobs.complete import complete_in
 from sa_jobs.control import cancel_job, retry_job
+from sa_jobs.convert import ArgsConverter
 from sa_jobs.enqueue import enqueue
 from sa_jobs.errors import SaJobsError
 from sa_jobs.insert import (

@@ -8,33 +8,26 @@ in every job row) and per-kind insert defaults::
         to: str
         template: str = "welcome"
 
-Values are converted to and from JSON by a :class:`ArgsConverter` (cattrs underneath).
-The default one knows time-zone-aware datetimes, dates, UUIDs, Decimals, enums, nested
-attrs classes and lists/dicts of these; a kind can be given its own converter.
+Values are converted to and from JSON by an :class:`~sa_jobs.convert.ArgsConverter`
+(cattrs underneath; see :mod:`sa_jobs.convert`); a kind can be given its own. A class
+whose fields could be written but not read back is refused here, when it is declared.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import json
-import math
 import threading
-import uuid
 from collections.abc import Callable, Iterable, Mapping
-from collections.abc import Set as AbstractSet
-from decimal import Decimal
 from typing import Any, TypeVar, dataclass_transform
 
 import attrs
-import cattrs
 
+from sa_jobs.convert import ArgsConverter, default_converter, unstorable_text
 from sa_jobs.errors import DuplicateKindError, InvalidJobArgsError, UnknownKindError
 
 __all__ = [
-    "ArgsConverter",
     "JobKind",
     "KindRegistry",
-    "default_converter",
     "default_registry",
     "field",
     "job_args",
@@ -57,196 +50,6 @@ class _Unset:
 
 
 UNSET: Any = _Unset()
-
-
-# --------------------------------------------------------------------------- conversion
-
-
-class ArgsConverter:
-    """Turns job args instances into JSON-ready dicts and back.
-
-    Every value must survive a round trip through a PostgreSQL ``jsonb`` column
-    unchanged, so the converter refuses what ``jsonb`` would alter or reject: naive
-    datetimes (ambiguous between processes in different zones), non-finite floats,
-    strings holding NUL characters or lone surrogates.
-    """
-
-    def __init__(self, converter: cattrs.Converter | None = None) -> None:
-        self.cattrs = converter if converter is not None else _make_cattrs_converter()
-
-    def to_json(self, args: object) -> dict[str, Any]:
-        """Return the JSON object stored in the job row for ``args``.
-
-        Raises:
-            InvalidJobArgsError: the value cannot be stored faithfully.
-        """
-        cls = type(args)
-        _resolve_types_once(cls)
-        try:
-            data = self.cattrs.unstructure(args, unstructure_as=cls)
-        except InvalidJobArgsError:
-            raise
-        except Exception as exc:
-            raise InvalidJobArgsError(
-                f"cannot convert {cls.__qualname__} args to JSON: {exc}; register an unstructure "
-                "hook for that type on the kind's converter"
-            ) from exc
-        if not isinstance(data, dict):
-            raise InvalidJobArgsError(
-                f"{cls.__qualname__} args must convert to a JSON object, got {type(data).__name__}"
-            )
-        check_json_document(data, cls.__qualname__)
-        return data
-
-    def from_json(self, cls: type[T], data: Any) -> T:
-        """Build an instance of ``cls`` from the JSON stored in a job row.
-
-        Raises:
-            InvalidJobArgsError: the stored JSON no longer fits the class.
-        """
-        _resolve_types_once(cls)
-        try:
-            return self.cattrs.structure(data, cls)
-        except Exception as exc:
-            detail = _describe_structure_error(exc)
-            raise InvalidJobArgsError(
-                f"stored args do not convert to {cls.__qualname__}: {detail}; if the class "
-                "changed, give new fields defaults so older jobs still load"
-            ) from exc
-
-
-def _make_cattrs_converter() -> cattrs.Converter:
-    conv = cattrs.Converter(
-        forbid_extra_keys=False,
-        # Sets become arrays in a canonical order (a set's own order varies by process).
-        unstruct_collection_overrides={AbstractSet: lambda items: sorted(items, key=dumps)},
-    )
-
-    def unstructure_datetime(value: dt.datetime) -> str:
-        offset = value.utcoffset()
-        if offset is None:
-            raise InvalidJobArgsError(
-                f"naive datetime {value.isoformat()} in job args; use a time-zone-aware datetime "
-                "such as datetime.now(timezone.utc)"
-            )
-        if offset % dt.timedelta(seconds=1):
-            raise InvalidJobArgsError(
-                f"datetime {value.isoformat()} has a UTC offset with a fraction of a second, "
-                "which does not survive storage; use a whole-second offset"
-            )
-        return value.isoformat()
-
-    def structure_datetime(value: Any, _: type) -> dt.datetime:
-        parsed = dt.datetime.fromisoformat(value)
-        if parsed.tzinfo is None:
-            raise ValueError(f"stored datetime {value!r} has no time zone")
-        return parsed
-
-    conv.register_unstructure_hook(dt.datetime, unstructure_datetime)
-    conv.register_structure_hook(dt.datetime, structure_datetime)
-    conv.register_unstructure_hook(dt.date, lambda value: value.isoformat())
-    conv.register_structure_hook(dt.date, lambda value, _: dt.date.fromisoformat(value))
-    # Decimals travel as strings: a JSON number would pass through float precision.
-    conv.register_unstructure_hook(Decimal, str)
-    conv.register_structure_hook(Decimal, lambda value, _: Decimal(value))
-    conv.register_unstructure_hook(uuid.UUID, str)
-    conv.register_structure_hook(uuid.UUID, lambda value, _: uuid.UUID(value))
-    # jsonb stores numbers as numeric: 1e20 comes back as the integer 100000000000000000000.
-    conv.register_structure_hook(float, lambda value, _: float(value))
-    return conv
-
-
-def check_json_document(data: Any, owner: str) -> None:
-    """Reject what PostgreSQL's jsonb would refuse or change."""
-
-    def visit(value: Any) -> None:
-        if isinstance(value, str):
-            _check_json_string(value, owner)
-        elif isinstance(value, float):
-            if not math.isfinite(value):
-                raise InvalidJobArgsError(
-                    f"{owner} args hold the float {value}, which JSON cannot represent; "
-                    "use None or a Decimal"
-                )
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                if not isinstance(key, str):
-                    raise InvalidJobArgsError(
-                        f"{owner} args hold a dict key {key!r} that is not a string; JSON "
-                        "object keys must be strings"
-                    )
-                _check_json_string(key, owner)
-                visit(item)
-        elif isinstance(value, list | tuple):
-            for item in value:
-                visit(item)
-        elif value is None or isinstance(value, bool | int):
-            return
-        else:
-            raise InvalidJobArgsError(
-                f"{owner} args hold a {type(value).__name__}, which the converter does not know; "
-                "register an unstructure hook for it on the kind's converter"
-            )
-
-    visit(data)
-
-
-def unstorable_text(value: str) -> str | None:
-    """Why PostgreSQL cannot store ``value`` as text or in jsonb, or None if it can."""
-    if "\x00" in value:
-        return "a NUL character"
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return "a lone surrogate (not valid Unicode)"
-    return None
-
-
-def _check_json_string(value: str, owner: str) -> None:
-    problem = unstorable_text(value)
-    if problem is not None:
-        raise InvalidJobArgsError(
-            f"{owner} args hold a string with {problem}, which PostgreSQL's jsonb cannot "
-            "store; clean the value or encode it (e.g. base64)"
-        )
-
-
-def _describe_structure_error(exc: Exception) -> str:
-    if isinstance(exc, cattrs.BaseValidationError):
-        messages = cattrs.transform_error(exc, format_exception=_format_leaf_error)
-        return "; ".join(messages)
-    return str(exc) or type(exc).__name__
-
-
-def _format_leaf_error(exc: BaseException, type_: type | None) -> str:
-    # cattrs' wording ("invalid value for type, expected datetime") plus the hook's reason.
-    from cattrs.v import format_exception
-
-    reason = str(exc)
-    base = format_exception(exc, type_)
-    return f"{base} ({reason})" if reason and reason not in base else base
-
-
-_resolved: set[type] = set()
-_resolve_lock = threading.Lock()
-
-
-def _resolve_types_once(cls: type) -> None:
-    # Forward references (``from __future__ import annotations``) can only be resolved once
-    # the defining module has finished importing, so this happens on first use.
-    if cls in _resolved:
-        return
-    with _resolve_lock:
-        try:
-            attrs.resolve_types(cls)
-        except NameError as exc:
-            raise InvalidJobArgsError(
-                f"cannot resolve the type annotations of {cls.__qualname__}: {exc}"
-            ) from exc
-        _resolved.add(cls)
-
-
-default_converter = ArgsConverter()
 
 
 # --------------------------------------------------------------------------- kinds
@@ -439,11 +242,14 @@ def job_args(
         attrs_cls: type[T] = (
             cls if "__attrs_attrs__" in cls.__dict__ else attrs.define(cls, frozen=frozen)
         )
+        kind_converter = converter or default_converter
+        # Refuse now a class whose args could be stored but never read back.
+        kind_converter.check_class(attrs_cls, unresolved_ok=True)
         job_kind = JobKind(
             name=kind,
             args_class=attrs_cls,
             defaults=defaults,
-            converter=converter or default_converter,
+            converter=kind_converter,
             list_field=_list_field(attrs_cls) if list_payload else None,
         )
         (registry or default_registry).register(job_kind)
@@ -480,12 +286,3 @@ def encode_args(args: object) -> tuple[JobKind, dict[str, Any]]:
     """Return the kind of ``args`` and its JSON form, validating both."""
     kind = kind_of(args)
     return kind, kind.encode(args)
-
-
-# json.dumps with non-default options builds a new encoder per call; keys need thousands.
-_JSON = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-
-
-def dumps(data: Any) -> str:
-    """Compact JSON, non-ASCII kept, NaN refused: set ordering and canonical key bytes."""
-    return _JSON.encode(data)

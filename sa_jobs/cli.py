@@ -13,9 +13,11 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
+from alembic.util import CommandError as AlembicCommandError
 from sqlalchemy import Engine, create_engine
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 from sqlalchemy.pool import NullPool
 
 from sa_jobs.devdb import URL_VARIABLES, normalize_url
@@ -33,15 +35,24 @@ class CommandError(Exception):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``sa-jobs`` with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    """Run ``sa-jobs`` with ``argv`` (default ``sys.argv[1:]``); return the exit code.
+
+    A mistake the user can fix — a bad or unreachable URL, an unknown revision, a job
+    that does not exist, a schema another tool manages — prints one line to stderr and
+    exits 1. Only a bug in sa_jobs itself shows a traceback.
+    """
     options = _parser().parse_args(argv)
     try:
         result: int = options.run(options)
         return result
-    except (CommandError, SaJobsError) as exc:
-        _fail(str(exc))
+    except (CommandError, SaJobsError, AlembicCommandError) as exc:
+        _fail(_first_line(exc))
+    except NoSuchModuleError as exc:
+        _fail(f"unknown database driver in the URL ({_first_line(exc)})")
     except OperationalError as exc:
         _fail(f"cannot reach the database: {_first_line(exc.orig or exc)}")
+    except DBAPIError as exc:
+        _fail(f"the database refused: {_first_line(exc.orig or exc)}")
     except KeyboardInterrupt:
         return 130
     return 1
@@ -56,12 +67,17 @@ def _first_line(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake reported on one line like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
     from sa_jobs import cli_jobs
 
-    parser = argparse.ArgumentParser(
-        prog="sa-jobs", description="sa_jobs, a PostgreSQL job queue for SQLAlchemy."
-    )
+    parser = _Parser(prog="sa-jobs", description="sa_jobs, a PostgreSQL job queue for SQLAlchemy.")
     commands = parser.add_subparsers(required=True, metavar="COMMAND")
 
     migrate = commands.add_parser("migrate", help="install or upgrade sa_jobs' tables")
@@ -112,7 +128,14 @@ def engine_from(options: argparse.Namespace) -> Engine:
     raw = options.url or next((os.environ[v] for v in URL_VARIABLES if os.environ.get(v)), None)
     if not raw:
         raise CommandError("no database; pass --url or set SA_JOBS_DATABASE_URL")
-    return create_engine(normalize_url(raw), poolclass=NullPool)
+    try:
+        url = normalize_url(raw)
+    except (ArgumentError, ValueError):
+        # Not echoed: a URL may hold a password.
+        raise CommandError(
+            "the database URL cannot be parsed; expected e.g. postgresql://user@host:5432/dbname"
+        ) from None
+    return create_engine(url, poolclass=NullPool)
 
 
 def _migrate(options: argparse.Namespace) -> int:

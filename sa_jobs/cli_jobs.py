@@ -63,9 +63,23 @@ def add_commands(commands: Any) -> None:
         ("cancel", _cancel, "cancel a job (a running one is interrupted by its worker)"),
     ):
         action = actions.add_parser(name, help=text)
-        action.add_argument("id", type=int, metavar="ID", help="the job's id")
+        action.add_argument("id", type=_job_id, metavar="ID", help="the job's id")
         add_url_option(action)
         action.set_defaults(run=run)
+
+
+#: Job ids are bigint: 1 to 2**63 - 1.
+MAX_JOB_ID = 2**63 - 1
+
+
+def _job_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a job id (a whole number)") from None
+    if not 1 <= value <= MAX_JOB_ID:
+        raise argparse.ArgumentTypeError(f"{text} is not a job id (ids run from 1 to {MAX_JOB_ID})")
+    return value
 
 
 def _positive_int(text: str) -> int:

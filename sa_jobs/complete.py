@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import traceback
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,7 +43,7 @@ from sa_jobs.models import FINAL_STATES, Job, JobState, job_state_type, json_rec
 from sa_jobs.schema import JOB_KEY_BRANCH, SEQUENCE_BRANCH, branches_of
 from sa_jobs.sequence import advance_sequences, locks_before_update
 
-__all__ = ["Outcome", "complete_in", "error_record", "jobs_finish"]
+__all__ = ["Outcome", "complete_in", "jobs_finish"]
 
 #: Set in a job's metadata by ``cancel_job`` on a running job: whatever the run ends as
 #: (short of completing), the job ends ``cancelled``.
@@ -80,11 +79,14 @@ class Outcome:
     error: dict[str, Any] | None = None
     #: Whether the job is in a sequence; None when unknown (treated as maybe).
     sequenced: bool | None = None
+    #: The job this outcome is for, when the writer has it (not written; lets a writer
+    #: that cannot store the outcome fail the job with its retry policy instead).
+    job: Job | None = attrs.field(default=None, eq=False, repr=False)
 
     @classmethod
     def of(cls, job: Job, ending: Ending, **details: Any) -> Outcome:
         """An outcome for this run of ``job``."""
-        return cls(job.id, job.attempt, ending, sequenced=in_sequence(job), **details)
+        return cls(job.id, job.attempt, ending, sequenced=in_sequence(job), job=job, **details)
 
     @classmethod
     def completed(cls, job: Job) -> Outcome:
@@ -96,18 +98,6 @@ def in_sequence(job: Job) -> bool | None:
     if "sequence_key" not in job.__dict__:
         return None
     return job.__dict__["sequence_key"] is not None
-
-
-def error_record(attempt: int, exc: BaseException, *, with_trace: bool = True) -> dict[str, Any]:
-    """The JSON appended to ``errors`` for a failed attempt (the time is the database's)."""
-    message = str(exc) or type(exc).__name__
-    record: dict[str, Any] = {
-        "attempt": attempt,
-        "error": f"{type(exc).__name__}: {message}",
-    }
-    if with_trace:
-        record["trace"] = "".join(traceback.format_exception(exc))[-8000:]
-    return record
 
 
 _OUTCOME_COLUMNS = (

@@ -16,13 +16,8 @@ from sqlalchemy import event, inspect
 from sqlalchemy.orm import Session, UOWTransaction
 from sqlalchemy.orm.attributes import set_committed_value
 
-from sa_jobs.args import (
-    KindDefaults,
-    check_json_document,
-    check_kind_name,
-    default_registry,
-    encode_args,
-)
+from sa_jobs.args import KindDefaults, check_kind_name, default_registry, encode_args
+from sa_jobs.convert import check_json_document
 from sa_jobs.insert import (
     InsertAction,
     _job_row,

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import timedelta as _timedelta
 
+from sa_jobs.durations import MAX_DELAY, delay_seconds
+
 
 class SaJobsError(Exception):
     """The root of every sa_jobs error."""
@@ -46,6 +48,26 @@ class DuplicateKindError(SaJobsError, ValueError):
         )
 
 
+class DuplicateHandlerError(SaJobsError, ValueError):
+    """A worker was given a second handler for a kind."""
+
+    def __init__(self, kind: str, existing: object, new: object) -> None:
+        self.kind = kind
+        self.existing = existing
+        self.new = new
+        super().__init__(
+            f"kind {kind!r} already has a handler in this worker, {_describe_function(existing)}; "
+            f"a worker runs one handler per kind, so register {_describe_function(new)} for "
+            "another args class (or remove the first registration)"
+        )
+
+
+def _describe_function(function: object) -> str:
+    module = getattr(function, "__module__", None)
+    name = getattr(function, "__qualname__", None) or repr(function)
+    return f"{module}.{name}" if module else str(name)
+
+
 class InvalidOptionsError(SaJobsError, ValueError):
     """An insert, unique, sequence or worker option is out of range or contradictory."""
 
@@ -65,6 +87,19 @@ class SchemaMissingError(SaJobsError, LookupError):
         )
         what = f"the sa_jobs {branch!r} migration branch is not installed in this database"
         super().__init__(f"{what}; {how}" + (f" ({detail})" if detail else ""))
+
+
+class SchemaManagedElsewhereError(SaJobsError):
+    """``sa-jobs migrate`` found sa_jobs' tables installed by another Alembic environment."""
+
+    def __init__(self, version_table: str) -> None:
+        self.version_table = version_table
+        super().__init__(
+            f"sa_jobs' tables are already in this database, but {version_table} does not "
+            "record them: another Alembic environment (your application's, whose "
+            "alembic_version lists the sajobs_ revisions) installed them; upgrade them there "
+            "with `alembic upgrade heads` rather than with sa-jobs migrate"
+        )
 
 
 class JobNotFoundError(SaJobsError, LookupError):
@@ -128,12 +163,21 @@ class JobCancel(SaJobsError):
 
 class JobSnooze(SaJobsError):
     """Raise from a handler to run the job again after ``delay``, without spending an
-    attempt."""
+    attempt.
+
+    ``delay`` is a timedelta or a number of seconds; longer than
+    :data:`sa_jobs.durations.MAX_DELAY` (365 days) is clamped to it.
+
+    Raises:
+        InvalidOptionsError: the delay is negative, NaN or infinite (raised where the
+            snooze is built, so the handler's attempt fails with this error).
+    """
 
     def __init__(self, delay: float | _timedelta) -> None:
-        seconds = delay.total_seconds() if isinstance(delay, _timedelta) else float(delay)
-        if seconds < 0:
-            raise InvalidOptionsError("delay", "a snooze delay cannot be negative")
+        try:
+            seconds = delay_seconds(delay, maximum=MAX_DELAY)
+        except ValueError as exc:
+            raise InvalidOptionsError("snooze delay", str(exc)) from None
         self.seconds = seconds
         super().__init__(f"snoozed for {seconds:g} s")
 

@@ -18,11 +18,12 @@ identical notifications within a transaction, so a transaction notifies each que
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime as dt
 import enum
 import functools
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
@@ -33,6 +34,7 @@ from sqlalchemy import (
     column,
     select,
 )
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import Insert
 
@@ -40,7 +42,7 @@ from sa_jobs.args import (
     JobKind,
     encode_args,
 )
-from sa_jobs.errors import InvalidOptionsError
+from sa_jobs.errors import InvalidOptionsError, SchemaMissingError
 from sa_jobs.insert_sql import (
     insert_statement,
     jobs_insert,
@@ -251,7 +253,7 @@ def write_rows(
     mode) go together, so ids follow input order.
     """
     results: list[tuple[Any, InsertAction]] = []
-    with translate_missing_schema():
+    with _noting_aborted_transaction(), translate_missing_schema():
         for mode, group in itertools.groupby(rows, key=_keyed_mode):
             batch = list(group)
             if mode is None:
@@ -259,6 +261,27 @@ def write_rows(
             else:
                 results.extend(_write_keyed(batch, JobKeyMode(mode), run))
     return results
+
+
+#: Added to a database error raised by an insert: the caller's transaction is unusable now.
+ABORTED_TRANSACTION_NOTE = (
+    "sa_jobs: the database refused this insert, so the transaction it ran in is aborted; "
+    "roll it back (session.rollback()) before using the session again"
+)
+
+
+@contextlib.contextmanager
+def _noting_aborted_transaction() -> Iterator[None]:
+    """Say so when a failed insert statement left the caller's transaction aborted.
+
+    Every input is validated before SQL is sent, so this is for what only the database
+    can refuse (a lock timeout, a trigger, a missing schema branch).
+    """
+    try:
+        yield
+    except (DBAPIError, SchemaMissingError) as exc:
+        exc.add_note(ABORTED_TRANSACTION_NOTE)
+        raise
 
 
 def _keyed_mode(row: dict[str, Any]) -> str | None:

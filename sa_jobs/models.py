@@ -174,6 +174,14 @@ class Job(Base):
             f"({_state_in(*sorted(FINAL_STATES))}) = (finalized_at IS NOT NULL)",
             name="finalized_iff_final",
         ),
+        # Instants Python can read back in any time zone (sa_jobs.durations).
+        *(
+            CheckConstraint(
+                f"{column} BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'",
+                name=f"{column}_range",
+            )
+            for column in ("scheduled_at", "created_at")
+        ),
         # The fetch query reads this index in order and stops at the batch size.
         Index(
             "sa_job_fetch_idx",

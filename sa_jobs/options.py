@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from sa_jobs.args import UNSET, check_json_document, unstorable_text
+from sa_jobs.args import UNSET
+from sa_jobs.convert import check_json_document, unstorable_text
+from sa_jobs.durations import MAX_TIMEOUT, MAX_TTL, check_instant
 from sa_jobs.errors import InvalidJobArgsError, InvalidOptionsError
 from sa_jobs.models import JobState
 
@@ -103,16 +106,19 @@ def check_tags(tags: object) -> tuple[str, ...]:
 
 
 def check_timeout(timeout: object) -> dt.timedelta | None:
-    """``None`` (or a negative duration, River's -1) means no limit."""
+    """``None`` (or a negative duration, River's -1) means no limit; longer than
+    :data:`~sa_jobs.durations.MAX_TIMEOUT` (365 days) is clamped to it."""
     if timeout is None:
         return None
     if isinstance(timeout, int | float) and not isinstance(timeout, bool):
-        try:
-            timeout = dt.timedelta(seconds=timeout)
-        except (ValueError, OverflowError):
+        if isinstance(timeout, float) and not math.isfinite(timeout):
             raise InvalidOptionsError(
-                "timeout", f"{timeout!r} seconds is not a duration; use None for no limit"
-            ) from None
+                "timeout",
+                f"must be a finite number of seconds, got {timeout!r}; use None for no limit",
+            )
+        if timeout > MAX_TIMEOUT.total_seconds():
+            return MAX_TIMEOUT
+        timeout = dt.timedelta(seconds=timeout)
     if not isinstance(timeout, dt.timedelta):
         raise InvalidOptionsError(
             "timeout", f"must be a timedelta, a number of seconds or None, got {timeout!r}"
@@ -121,7 +127,7 @@ def check_timeout(timeout: object) -> dt.timedelta | None:
         return None
     if timeout == dt.timedelta(0):
         raise InvalidOptionsError("timeout", "must be positive; use None for no limit")
-    return timeout
+    return min(timeout, MAX_TIMEOUT)
 
 
 def check_scheduled_at(scheduled_at: object) -> dt.datetime:
@@ -135,6 +141,10 @@ def check_scheduled_at(scheduled_at: object) -> dt.datetime:
             f"{scheduled_at.isoformat()} is naive; pass a time-zone-aware datetime such as "
             "datetime.now(timezone.utc) + timedelta(minutes=5)",
         )
+    try:
+        check_instant(scheduled_at)
+    except ValueError as exc:
+        raise InvalidOptionsError("scheduled_at", str(exc)) from None
     return scheduled_at
 
 
@@ -222,6 +232,14 @@ def _positive_duration(option: str) -> Any:
     return validator
 
 
+def _ttl(_instance: Any, attribute: Any, value: Any) -> None:
+    _positive_duration("ttl")(_instance, attribute, value)
+    if value is not None and value > MAX_TTL:
+        raise InvalidOptionsError(
+            "ttl", f"{value} is longer than the longest TTL lock, {MAX_TTL.days} days"
+        )
+
+
 def _until(_instance: Any, _attribute: Any, value: Any) -> None:
     if value not in ("success", "start"):
         raise InvalidOptionsError("until", f"must be 'success' or 'start', got {value!r}")
@@ -257,7 +275,7 @@ class UniqueOpts:
     by_queue: bool = False
     by_state: frozenset[JobState] | None = attrs.field(default=None, converter=_unique_states)
     exclude_kind: bool = False
-    ttl: dt.timedelta | None = attrs.field(default=None, validator=_positive_duration("ttl"))
+    ttl: dt.timedelta | None = attrs.field(default=None, validator=_ttl)
     until: str = attrs.field(default="success", validator=_until)
 
     @property
@@ -446,7 +464,14 @@ class ResolvedInsert:
     job_key_mode: JobKeyMode = JobKeyMode.REPLACE
 
     def checked(self) -> ResolvedInsert:
-        """Refuse combinations whose meaning would be ambiguous."""
+        """Refuse combinations whose meaning would be ambiguous, or whose values the
+        database could store but not give back."""
+        ttl = self.unique.ttl if self.unique is not None else None
+        if ttl is not None and self.scheduled_at is not None:
+            try:
+                check_instant(self.scheduled_at, plus=ttl)
+            except ValueError as exc:
+                raise InvalidOptionsError("scheduled_at", str(exc)) from None
         if self.job_key is not None and self.unique is not None and not self.unique.is_empty:
             raise InvalidOptionsError(
                 "job_key",

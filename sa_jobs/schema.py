@@ -21,7 +21,7 @@ from sqlalchemy import Connection, Engine, event, func, select, text
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import ProgrammingError
 
-from sa_jobs.errors import SchemaMissingError
+from sa_jobs.errors import SchemaManagedElsewhereError, SchemaMissingError
 
 __all__ = ["BRANCHES", "CORE_BRANCH", "VERSION_TABLE", "downgrade", "migrate"]
 
@@ -54,9 +54,10 @@ MIGRATION_LOCK_KEY = 0x5A_10B5_0000_0001
 def alembic_config(connection: Connection, version_table: str = VERSION_TABLE) -> Config:
     """An Alembic config that runs sa_jobs' scripts on ``connection``."""
     config = Config()
+    # The scripts are in script_location's own versions/ directory, Alembic's default, so
+    # no version_locations: Alembic splits that option on a separator (":" with
+    # path_separator=os), which broke a package installed under a path containing one.
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    config.set_main_option("path_separator", "os")
-    config.set_main_option("version_locations", str(MIGRATIONS_DIR / "versions"))
     config.attributes["connection"] = connection
     config.attributes["version_table"] = version_table
     return config
@@ -70,12 +71,33 @@ def migrate(bind: Engine | Connection, target: str = "heads") -> None:
     nothing to do.
     """
     with _locked_connection(bind) as connection:
+        _refuse_if_managed_elsewhere(connection)
         command.upgrade(alembic_config(connection), target)
+
+
+def _refuse_if_managed_elsewhere(connection: Connection) -> None:
+    """sa_job exists but our version table records nothing: another Alembic environment
+    (the application's) installed it, and running the scripts again would fail halfway."""
+    tables = set(
+        connection.scalars(
+            select(text("table_name"))
+            .select_from(text("information_schema.tables"))
+            .where(text("table_schema = current_schema()"))
+        )
+    )
+    if "sa_job" not in tables:
+        return
+    recorded = VERSION_TABLE in tables and connection.scalar(
+        select(func.count()).select_from(text(VERSION_TABLE))
+    )
+    if not recorded:
+        raise SchemaManagedElsewhereError(VERSION_TABLE)
 
 
 def downgrade(bind: Engine | Connection, target: str) -> None:
     """Downgrade to ``target`` (``"base"`` removes everything sa_jobs installed)."""
     with _locked_connection(bind) as connection:
+        _refuse_if_managed_elsewhere(connection)
         command.downgrade(alembic_config(connection), target)
 
 

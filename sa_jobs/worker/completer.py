@@ -1,28 +1,49 @@
 """Writing outcomes: batched by default, inline for tests and debugging.
 
-Both strategies implement :class:`Completer`. The batched one collects outcomes for up
-to ``interval`` seconds (or ``max_batch`` of them) and writes them with one
-:func:`~sa_jobs.complete.jobs_finish` statement. A failed write is retried with backoff
-and never dropped: until it lands the jobs stay ``running``, and if the process dies
-first they are rescued and run again (at least once, never lost).
+Both strategies implement :class:`Completer` and write through one
+:class:`OutcomeWriter`, whose rules keep one job's outcome from ever holding up
+another's:
+
+* **Transient errors** (a lost connection, a server restarting, a deadlock) are retried
+  with backoff, for at most ``give_up_after`` seconds (the worker passes its
+  ``rescue_after``).
+* **Any other error** (PostgreSQL refused the data, a trigger raised) is not retried as
+  is: the batch is written one outcome at a time, so the others land. An outcome that
+  still cannot be written is replaced by a plain failure of its job — the attempt is
+  failed, retried per the job's retry policy, and the reason is recorded in its
+  ``errors`` (``OutcomeNotStored: ...``).
+* **Whatever is given up on is left to the rescuer**: its jobs stay ``running`` and are
+  no longer counted as held by this process, so the rescuer retries them once
+  ``rescue_after`` has passed. Nothing is held forever, and nothing is lost.
+
+The batched strategy collects outcomes for up to ``interval`` seconds (or ``max_batch``
+of them) and writes them with one :func:`~sa_jobs.complete.jobs_finish` statement.
 """
 
 from __future__ import annotations
 
 import logging
 import queue
+import random
 import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from sqlalchemy import Engine
 
-from sa_jobs.complete import Outcome, finish_in
-from sa_jobs.worker.backoff import Backoff, autocommit
+from sa_jobs.complete import Ending, Outcome, finish_in
+from sa_jobs.error_records import describe, message_record
+from sa_jobs.models import Job
+from sa_jobs.worker.backoff import autocommit, is_transient
 
-__all__ = ["BatchCompleter", "Completer", "InlineCompleter"]
+__all__ = ["BatchCompleter", "Completer", "InlineCompleter", "OutcomeWriter"]
 
 log = logging.getLogger("sa_jobs.worker")
+
+#: Used when an outcome that cannot be stored belongs to a job whose retry policy is
+#: unknown here (no Job object came with it).
+FALLBACK_RETRY_DELAY = 60.0
 
 
 class Completer(Protocol):
@@ -33,19 +54,19 @@ class Completer(Protocol):
         ...
 
     def pending(self) -> int:
-        """Outcomes submitted but not yet written."""
+        """Outcomes submitted but not yet written (or given up on)."""
         ...
 
     def pending_ids(self) -> set[int]:
         """The jobs of those outcomes."""
         ...
 
-    def stop(self) -> None:
-        """Write everything submitted so far, then stop."""
+    def stop(self, timeout: float | None = None) -> None:
+        """Write everything submitted so far, for at most ``timeout`` seconds, then stop."""
         ...
 
 
-def write_outcomes(engine: Engine, outcomes: list[Outcome], *, sequences: bool = True) -> int:
+def write_outcomes(engine: Engine, outcomes: Sequence[Outcome], *, sequences: bool = True) -> int:
     """Write outcomes (and move their sequences on).
 
     Without sequenced jobs it is one statement, sent in autocommit mode (one round trip
@@ -60,72 +81,204 @@ def write_outcomes(engine: Engine, outcomes: list[Outcome], *, sequences: bool =
         return len(finish_in(connection, outcomes))
 
 
+class _GiveUp(Exception):
+    """Transient errors outlasted the retry budget, or the writer is stopping."""
+
+
+class OutcomeWriter:
+    """Writes outcomes under the rules in the module docstring.
+
+    Args:
+        engine: The worker's engine.
+        sequences: Whether the database has the sequence branch.
+        give_up_after: How long transient errors are retried before a batch is left to
+            the rescuer.
+        retry_delay: The retry delay of a job whose outcome cannot be stored.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        sequences: bool,
+        give_up_after: float,
+        retry_delay: Callable[[Job], float] | None = None,
+        backoff: tuple[float, float] = (0.1, 5.0),
+    ) -> None:
+        self._engine = engine
+        self._sequences = sequences
+        self.give_up_after = give_up_after
+        self._retry_delay = retry_delay
+        self._first_wait, self._max_wait = backoff
+        #: Set to stop retrying at once (a worker out of time to stop).
+        self.stopping = threading.Event()
+        #: Jobs whose outcomes were given up on (left to the rescuer), for the record.
+        self.given_up = 0
+
+    def write(self, batch: Sequence[Outcome]) -> None:
+        """Write ``batch``; never raises, never retries forever."""
+        try:
+            self._with_retries(batch)
+        except _GiveUp as exc:
+            self._give_up(batch, str(exc))
+        except Exception as exc:
+            if len(batch) > 1:
+                log.warning(
+                    "writing %d outcomes failed (%s); writing them one at a time",
+                    len(batch),
+                    describe(exc),
+                )
+                for outcome in batch:
+                    self.write([outcome])
+            else:
+                self._store_failure_instead(batch[0], exc)
+
+    def _with_retries(self, batch: Sequence[Outcome]) -> None:
+        deadline = time.monotonic() + self.give_up_after
+        wait = self._first_wait
+        while True:
+            try:
+                write_outcomes(self._engine, batch, sequences=self._sequences)
+                return
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                if self.stopping.is_set() or time.monotonic() + wait > deadline:
+                    raise _GiveUp(describe(exc)) from exc
+                log.warning("writing outcomes failed (%s); retrying in %.1f s", describe(exc), wait)
+                self.stopping.wait(wait * random.uniform(0.8, 1.2))
+                wait = min(wait * 2, self._max_wait)
+
+    def _store_failure_instead(self, outcome: Outcome, exc: Exception) -> None:
+        """The database refused this one outcome: fail the attempt plainly instead."""
+        reason = (
+            f"OutcomeNotStored: the worker could not store this attempt's outcome "
+            f"({outcome.ending.value}): {describe(exc)}"
+        )
+        log.error("job %d: %s", outcome.job_id, reason)
+        delay = outcome.delay if outcome.ending is Ending.FAILED else None
+        if delay is None and outcome.job is not None and self._retry_delay is not None:
+            delay = self._retry_delay(outcome.job)
+        failure = Outcome(
+            outcome.job_id,
+            outcome.attempt,
+            Ending.FAILED,
+            delay=delay if delay is not None else FALLBACK_RETRY_DELAY,
+            error=message_record(outcome.attempt, reason),
+            sequenced=outcome.sequenced,
+        )
+        try:
+            self._with_retries([failure])
+        except Exception as second:
+            self._give_up([outcome], describe(second))
+
+    def _give_up(self, batch: Sequence[Outcome], reason: str) -> None:
+        self.given_up += len(batch)
+        log.error(
+            "gave up writing the outcomes of jobs %s (%s); they stay running until the "
+            "rescuer retries them",
+            [outcome.job_id for outcome in batch],
+            reason,
+        )
+
+
+class _Pending:
+    """Outcomes submitted and not yet settled in the database, by job id."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[int, int] = {}
+
+    def add(self, outcome: Outcome) -> None:
+        with self._lock:
+            self._counts[outcome.job_id] = self._counts.get(outcome.job_id, 0) + 1
+
+    def remove(self, outcomes: Sequence[Outcome]) -> None:
+        with self._lock:
+            for outcome in outcomes:
+                left = self._counts.pop(outcome.job_id, 1) - 1
+                if left:
+                    self._counts[outcome.job_id] = left
+
+    def count(self) -> int:
+        with self._lock:
+            return sum(self._counts.values())
+
+    def ids(self) -> set[int]:
+        with self._lock:
+            return set(self._counts)
+
+
 class InlineCompleter:
     """Writes each outcome at once, in the thread that produced it."""
 
-    def __init__(self, engine: Engine, *, sequences: bool = True) -> None:
-        self._engine = engine
-        self._sequences = sequences
-        self._backoff = Backoff("completing a job")
+    def __init__(self, writer: OutcomeWriter) -> None:
+        self.writer = writer
+        self._pending = _Pending()
 
     def start(self) -> None:
         pass
 
     def submit(self, outcome: Outcome) -> None:
-        self._backoff.retry_forever(
-            lambda: write_outcomes(self._engine, [outcome], sequences=self._sequences)
-        )
+        self._pending.add(outcome)
+        try:
+            self.writer.write([outcome])
+        finally:
+            self._pending.remove([outcome])
 
     def pending(self) -> int:
-        return 0
+        return self._pending.count()
 
     def pending_ids(self) -> set[int]:
-        return set()
+        return self._pending.ids()
 
-    def stop(self) -> None:
-        pass
+    def stop(self, timeout: float | None = None) -> None:
+        self.writer.stopping.set()
 
 
 class BatchCompleter:
     """Writes outcomes in batches from a thread of its own."""
 
     def __init__(
-        self,
-        engine: Engine,
-        *,
-        interval: float = 0.005,
-        max_batch: int = 1000,
-        sequences: bool = True,
+        self, writer: OutcomeWriter, *, interval: float = 0.005, max_batch: int = 1000
     ) -> None:
-        self._engine = engine
-        self._sequences = sequences
+        self.writer = writer
         self._interval = interval
         self._max_batch = max_batch
-        self._queue: queue.Queue[Outcome | None] = queue.Queue()
-        self._in_flight: dict[int, int] = {}
-        self._lock = threading.Lock()
-        self._backoff = Backoff("completing jobs")
+        self._queue: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
+        self._pending = _Pending()
         self._thread = threading.Thread(target=self._loop, name="sa_jobs-completer", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def submit(self, outcome: Outcome) -> None:
-        with self._lock:
-            self._in_flight[outcome.job_id] = self._in_flight.get(outcome.job_id, 0) + 1
+        self._pending.add(outcome)
         self._queue.put(outcome)
 
     def pending(self) -> int:
-        with self._lock:
-            return sum(self._in_flight.values())
+        return self._pending.count()
 
     def pending_ids(self) -> set[int]:
-        with self._lock:
-            return set(self._in_flight)
+        return self._pending.ids()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = None) -> None:
+        """Write what was submitted; after ``timeout`` seconds (plus one to notice) stop
+        retrying and leave the rest to the rescuer."""
+        if not self._thread.is_alive():
+            return
         self._queue.put(None)
-        self._thread.join()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            self.writer.stopping.set()
+            self._thread.join(1.0)
+        if self._thread.is_alive():
+            log.error(
+                "the completer is still writing after %s s (the database does not answer); "
+                "%d outcomes are left to the rescuer",
+                timeout,
+                self.pending(),
+            )
 
     def _loop(self) -> None:
         stopping = False
@@ -144,14 +297,9 @@ class BatchCompleter:
                     stopping = True
                     break
                 batch.append(item)
-            self._write(batch)
-            with self._lock:
-                for outcome in batch:
-                    left = self._in_flight.pop(outcome.job_id) - 1
-                    if left:
-                        self._in_flight[outcome.job_id] = left
-
-    def _write(self, batch: list[Outcome]) -> None:
-        self._backoff.retry_forever(
-            lambda: write_outcomes(self._engine, batch, sequences=self._sequences)
-        )
+            try:
+                self.writer.write(batch)
+            except Exception:  # write() never raises; if it does, it is our bug
+                log.exception("unexpected error writing %d outcomes", len(batch))
+            finally:
+                self._pending.remove(batch)

@@ -6,16 +6,22 @@ out — decided by :meth:`Execution.try_finish`, so a late result from a run tha
 already settled is dropped here, and the ``(id, attempt)`` guard in
 :func:`sa_jobs.complete.jobs_finish` drops it again in the database.
 
+The run's timeout starts when its handler starts (:meth:`Execution.begin`), never while
+it waits for a thread, so a job is never failed for a timeout it did not run into.
+
 Sync handlers run in a thread pool and learn of an interruption through
 ``job.cancelled`` / ``job.check_cancelled()``. Async handlers run on the worker's event
 loop and are cancelled for real (``Task.cancel``).
+
+Whatever a handler raises, an outcome is made: :meth:`Execution.outcome_for_exception`
+never raises, and every error record it makes is storable (:mod:`sa_jobs.error_records`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
 import enum
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -25,20 +31,24 @@ from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
-from sa_jobs.complete import Ending, Outcome, complete_in, error_record
+from sa_jobs.complete import Ending, Outcome, complete_in
+from sa_jobs.error_records import describe, error_record, message_record
 from sa_jobs.errors import (
     JobCancel,
     JobCancelledError,
     JobInterruptedError,
     JobSnooze,
     JobTimeoutError,
+    NoHandlerError,
     WorkerShutdownError,
 )
 from sa_jobs.models import Job
 from sa_jobs.worker.handlers import Handler
-from sa_jobs.worker.retry import RetryPolicy
+from sa_jobs.worker.retry import RetryPolicy, retry_delay
 
 __all__ = ["Execution", "Interrupt", "run_async", "run_sync"]
+
+log = logging.getLogger("sa_jobs.worker")
 
 
 class Interrupt(enum.Enum):
@@ -49,29 +59,65 @@ class Interrupt(enum.Enum):
     SHUTDOWN = WorkerShutdownError
 
 
-#: Receives the settled execution and the outcome to write (``None``: already written).
-Settle = Callable[["Execution", Outcome | None], None]
+#: Receives the settled execution, the outcome to write (``None``: already written) and
+#: whether the party settling it is the one that ran the handler.
+Settle = Callable[["Execution", Outcome | None, bool], None]
 
 
 class Execution:
     """One run of one job."""
 
     def __init__(
-        self, job: Job, handler: Handler | None, retry_policy: RetryPolicy, settle: Settle
+        self,
+        job: Job,
+        handler: Handler | None,
+        retry_policy: RetryPolicy,
+        settle: Settle,
+        on_begin: Callable[[Execution], None] = lambda _execution: None,
     ) -> None:
         self.job = job
         self.handler = handler
         self.retry_policy = retry_policy
         self._settle = settle
+        self._on_begin = on_begin
         self._lock = threading.Lock()
         self._interrupt: Interrupt | None = None
         self._finishing = False
         self._task: asyncio.Task[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.started = time.monotonic()
-        timeout = handler.timeout if handler is not None else None
-        self.deadline = self.started + timeout.total_seconds() if timeout is not None else None
+        #: When the handler started (``time.monotonic()``), and when its timeout ends.
+        self.started: float | None = None
+        self.deadline: float | None = None
+        #: Thread bookkeeping, changed only under the pool's lock (see worker.pool).
+        self.in_handler = False
+        self.stuck = False
+        self.counted_stuck = False
+        self.slot_held = False
         job.__dict__["_sa_jobs_execution"] = self
+
+    @property
+    def timeout(self) -> float | None:
+        timeout = self.handler.timeout if self.handler is not None else None
+        return timeout.total_seconds() if timeout is not None else None
+
+    @property
+    def is_async(self) -> bool:
+        return self.handler is not None and self.handler.is_async
+
+    def begin(self) -> bool:
+        """The handler is about to run: start its timeout.
+
+        Returns False when the run was settled already (a shutdown or cancel that came
+        first); the handler must not be called then.
+        """
+        with self._lock:
+            if self._finishing:
+                return False
+            self.started = time.monotonic()
+            timeout = self.timeout
+            self.deadline = self.started + timeout if timeout is not None else None
+        self._on_begin(self)
+        return True
 
     # -- interruption, seen by the handler through the Job
 
@@ -118,10 +164,10 @@ class Execution:
     def finished(self) -> bool:
         return self._finishing
 
-    def settle(self, outcome: Outcome | None) -> None:
-        self._settle(self, outcome)
+    def settle(self, outcome: Outcome | None, *, by_runner: bool = True) -> None:
+        self._settle(self, outcome, by_runner)
 
-    # -- outcomes
+    # -- outcomes (none of these raise)
 
     def outcome_for_return(self) -> Outcome:
         if self._interrupt is Interrupt.TIMEOUT:
@@ -129,16 +175,32 @@ class Execution:
             return self.outcome_for_interrupt(Interrupt.TIMEOUT)
         return Outcome.completed(self.job)
 
-    def outcome_for_interrupt(self, reason: Interrupt) -> Outcome:
+    def outcome_for_interrupt(self, reason: Interrupt, *, abandoned: bool = False) -> Outcome:
+        """The outcome of a run stopped for ``reason``; ``abandoned`` when the handler did
+        not stop within the grace period and is left running."""
         job = self.job
-        error = reason.value(job.id, _interrupt_detail(reason, self))
+        detail = self._interrupt_detail(reason, abandoned)
+        error = reason.value(job.id, detail)
         if reason is Interrupt.TIMEOUT:
             return self._failure(error, with_trace=False)
         if reason is Interrupt.CANCELLED:
-            return Outcome.of(job, Ending.CANCELLED, error=_record(job, error))
+            return Outcome.of(
+                job, Ending.CANCELLED, error=error_record(job.attempt, error, with_trace=False)
+            )
         return Outcome.of(job, Ending.RETURNED)
 
     def outcome_for_exception(self, exc: BaseException) -> Outcome:
+        """The outcome of a handler that raised ``exc``."""
+        try:
+            return self._outcome_for_exception(exc)
+        except Exception as broken:  # an outcome must come out of any exception
+            log.exception("job %d: building the outcome of %s failed", self.job.id, describe(exc))
+            record = message_record(
+                self.job.attempt, f"{describe(exc)} (recording it failed: {describe(broken)})"
+            )
+            return Outcome.of(self.job, Ending.FAILED, delay=1.0, error=record)
+
+    def _outcome_for_exception(self, exc: BaseException) -> Outcome:
         job = self.job
         if self._interrupt is not None and isinstance(
             exc, JobInterruptedError | asyncio.CancelledError
@@ -149,37 +211,37 @@ class Execution:
         if isinstance(exc, JobSnooze):
             return Outcome.of(job, Ending.SNOOZED, delay=exc.seconds)
         if isinstance(exc, JobCancel):
-            return Outcome.of(job, Ending.CANCELLED, error=_record(job, exc))
+            return Outcome.of(
+                job, Ending.CANCELLED, error=error_record(job.attempt, exc, with_trace=False)
+            )
         return self._failure(exc)
+
+    def policy(self) -> RetryPolicy:
+        """The retry policy for this job: the handler's, else the worker's."""
+        if self.handler is not None and self.handler.retry_policy is not None:
+            return self.handler.retry_policy
+        return self.retry_policy
 
     def _failure(self, exc: BaseException, *, with_trace: bool = True) -> Outcome:
         job = self.job
-        policy = (
-            self.handler.retry_policy
-            if self.handler is not None and self.handler.retry_policy is not None
-            else self.retry_policy
-        )
-        try:
-            delay = policy.next_delay(job).total_seconds()
-        except Exception:  # a broken policy must not lose the failure
-            delay = 1.0
-        return Outcome.of(
-            job,
-            Ending.FAILED,
-            delay=max(delay, 0.0),
-            error=error_record(job.attempt, exc, with_trace=with_trace),
-        )
+        delay, note = retry_delay(self.policy(), job)
+        record = error_record(job.attempt, exc, with_trace=with_trace)
+        if note is not None:
+            record["retry_policy_error"] = note
+        return Outcome.of(job, Ending.FAILED, delay=delay, error=record)
 
-
-def _record(job: Job, exc: BaseException) -> dict[str, Any]:
-    return error_record(job.attempt, exc, with_trace=False)
-
-
-def _interrupt_detail(reason: Interrupt, execution: Execution) -> str:
-    if reason is Interrupt.TIMEOUT and execution.handler is not None:
-        timeout = execution.handler.timeout or dt.timedelta(0)
-        return f"ran longer than its timeout of {timeout.total_seconds():g} s"
-    return ""
+    def _interrupt_detail(self, reason: Interrupt, abandoned: bool) -> str:
+        detail = ""
+        if reason is Interrupt.TIMEOUT and self.timeout is not None:
+            detail = f"ran longer than its timeout of {self.timeout:g} s"
+        if abandoned:
+            detail += (
+                ("; " if detail else "")
+                + "the handler did not stop within the worker's interrupt_grace, so its "
+                "run was settled without it"
+                + (" and its thread abandoned" if not self.is_async else "")
+            )
+        return detail
 
 
 class _Superseded(Exception):
@@ -191,8 +253,6 @@ def _prepare(execution: Execution) -> Handler:
     handler = execution.handler
     job = execution.job
     if handler is None:
-        from sa_jobs.errors import NoHandlerError
-
         raise NoHandlerError(job.kind)
     job.__dict__["_sa_jobs_kind"] = handler.kind
     job.remember_args(handler.kind.decode(job.args_json))
@@ -201,6 +261,8 @@ def _prepare(execution: Execution) -> Handler:
 
 def run_sync(execution: Execution, engine: Engine) -> None:
     """Run a sync handler in the calling (pool) thread and settle the execution."""
+    if not execution.begin():
+        return
     claimed = False
     try:
         handler = _prepare(execution)
@@ -229,6 +291,8 @@ async def run_async(execution: Execution, async_engine: Callable[[], AsyncEngine
     """Run an async handler as a task on the worker's loop and settle the execution."""
     task = asyncio.current_task()
     assert task is not None
+    if not execution.begin():
+        return
     claimed = False
     try:
         if not execution.attach_task(task, asyncio.get_running_loop()):

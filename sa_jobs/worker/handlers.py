@@ -1,4 +1,15 @@
-"""What a worker runs for each kind: the handler function and its per-kind settings."""
+"""What a worker runs for each kind: the handler function and its per-kind settings.
+
+A handler's signature is checked when it is registered, so a mistake surfaces at
+``@worker.handler(...)`` rather than as a job discarded after its attempts:
+
+* it takes the job first, and optionally the session second — a second parameter is the
+  session if it is named ``session`` or annotated as a ``Session``/``AsyncSession``;
+  any other required parameter is refused;
+* an ``async def`` handler that takes a session needs an async engine, which the worker
+  must be able to provide (see :mod:`sa_jobs.worker.aio`);
+* a kind has one handler per worker.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +19,17 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
 
 from sa_jobs.args import UNSET, JobKind, kind_of
-from sa_jobs.errors import DuplicateKindError, InvalidOptionsError, NoHandlerError
+from sa_jobs.errors import DuplicateHandlerError, InvalidOptionsError, NoHandlerError
 from sa_jobs.options import check_timeout
 from sa_jobs.worker.retry import RetryPolicy
 
 __all__ = ["Handler", "HandlerRegistry"]
+
+_SESSION_TYPE_NAMES = {"Session", "AsyncSession"}
 
 
 @attrs.frozen
@@ -39,11 +54,22 @@ class Handler:
 
 
 class HandlerRegistry:
-    """Handlers by kind name."""
+    """Handlers by kind name.
 
-    def __init__(self, default_timeout: dt.timedelta | None) -> None:
+    Args:
+        default_timeout: The worker's run time limit.
+        async_session_problem: Why an async handler could not get a session here (the
+            engine's driver has no async form), or None.
+    """
+
+    def __init__(
+        self,
+        default_timeout: dt.timedelta | None,
+        async_session_problem: Callable[[], str | None] = lambda: None,
+    ) -> None:
         self._handlers: dict[str, Handler] = {}
         self._default_timeout = default_timeout
+        self._async_session_problem = async_session_problem
 
     def register(
         self,
@@ -55,13 +81,24 @@ class HandlerRegistry:
     ) -> Handler:
         kind = kind_of(args_class)
         if kind.name in self._handlers:
-            existing = self._handlers[kind.name].function
-            raise DuplicateKindError(kind.name, existing, function)  # type: ignore[arg-type]
+            raise DuplicateHandlerError(kind.name, self._handlers[kind.name].function, function)
+        is_async = _is_async(function)
+        wants_session = _wants_session(function)
+        if is_async and wants_session:
+            problem = self._async_session_problem()
+            if problem is not None:
+                raise InvalidOptionsError(
+                    "handler", f"{_name(function)} is async and takes a session, but {problem}"
+                )
+        if retry_policy is not None and not callable(getattr(retry_policy, "next_delay", None)):
+            raise InvalidOptionsError(
+                "retry_policy", f"must have a next_delay(job) method, got {retry_policy!r}"
+            )
         handler = Handler(
             kind=kind,
             function=function,
-            is_async=inspect.iscoroutinefunction(function),
-            wants_session=_wants_session(function),
+            is_async=is_async,
+            wants_session=wants_session,
             timeout=self._resolve_timeout(kind, timeout),
             retry_policy=retry_policy,
         )
@@ -82,22 +119,66 @@ class HandlerRegistry:
         except KeyError:
             raise NoHandlerError(kind) from None
 
+    def find(self, kind: str) -> Handler | None:
+        return self._handlers.get(kind)
+
     def all(self) -> list[Handler]:
         return list(self._handlers.values())
 
 
-def _wants_session(function: Callable[..., Any]) -> bool:
-    parameters = inspect.signature(function).parameters
-    if "session" in parameters:
+def _name(function: Callable[..., Any]) -> str:
+    return str(getattr(function, "__qualname__", None) or function)
+
+
+def _is_async(function: Callable[..., Any]) -> bool:
+    if inspect.iscoroutinefunction(function):
         return True
-    positional = [
-        p
-        for p in parameters.values()
-        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-    ]
-    if len(positional) > 2 or not positional:
+    call = getattr(function, "__call__", None)  # noqa: B004 - an object with async __call__
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def _is_session_annotation(annotation: Any) -> bool:
+    if isinstance(annotation, str):
+        return annotation.rsplit(".", 1)[-1].strip("'\" ") in _SESSION_TYPE_NAMES
+    return isinstance(annotation, type) and issubclass(annotation, Session | AsyncSession)
+
+
+def _wants_session(function: Callable[..., Any]) -> bool:
+    """Whether the handler takes a session; refuses signatures the worker cannot call."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError) as exc:
         raise InvalidOptionsError(
-            "handler",
-            f"{getattr(function, '__qualname__', function)} must take (job) or (job, session)",
+            "handler", f"cannot read the signature of {function!r}: {exc}"
+        ) from None
+    name = _name(function)
+    usage = "a handler takes (job) or (job, session)"
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    takes_varargs = any(p.kind is p.VAR_POSITIONAL for p in parameters)
+    for parameter in parameters:
+        if parameter.kind is parameter.KEYWORD_ONLY and parameter.default is parameter.empty:
+            raise InvalidOptionsError(
+                "handler",
+                f"{name} has a required keyword-only parameter {parameter.name!r}, which the "
+                f"worker cannot fill; {usage}",
+            )
+    if not positional and not takes_varargs:
+        raise InvalidOptionsError("handler", f"{name} takes no parameter for the job; {usage}")
+    required = [p for p in positional if p.default is p.empty]
+    if len(required) > 2:
+        extra = ", ".join(p.name for p in required[2:])
+        raise InvalidOptionsError(
+            "handler", f"{name} has parameters the worker cannot fill ({extra}); {usage}"
         )
-    return False
+    if len(positional) < 2:
+        return False
+    second = positional[1]
+    if second.name == "session" or _is_session_annotation(second.annotation):
+        return True
+    if second.default is not second.empty:
+        return False
+    raise InvalidOptionsError(
+        "handler",
+        f"{name}'s second parameter {second.name!r} is not a session; name it `session` or "
+        "annotate it as sqlalchemy.orm.Session (or AsyncSession for an async handler); " + usage,
+    )

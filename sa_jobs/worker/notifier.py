@@ -5,25 +5,37 @@ scheduler) and ``sa_jobs_control`` (payload: JSON such as ``{"cancel": 42}``, se
 :func:`sa_jobs.cancel_job`). Notifications are a shortcut, never the only path: producers
 also poll, and the worker also looks for cancel requests in running jobs' metadata, so a
 notification lost while the connection was down delays work but never loses it.
+
+The connection comes from the worker's own engine — its pool, its ``creator``, its
+``connect_args``, its ``connect`` events — and is then detached from the pool, so the
+``LISTEN`` it holds never leaks to a connection the application checks out later. A
+driver whose connections cannot wait for notifications makes the worker poll instead,
+and says so in its log.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import psycopg
 from sqlalchemy import Engine
 
+from sa_jobs.error_records import describe
+from sa_jobs.schema import CONTROL_CHANNEL, INSERT_CHANNEL
 from sa_jobs.worker.backoff import is_transient
 
-__all__ = ["CONTROL_CHANNEL", "INSERT_CHANNEL", "Notifier"]
-
-from sa_jobs.schema import CONTROL_CHANNEL, INSERT_CHANNEL
+__all__ = ["Notifier"]
 
 log = logging.getLogger("sa_jobs.worker")
+
+
+class ListenUnsupportedError(Exception):
+    """The engine's driver gives connections that cannot wait for notifications."""
 
 
 class Notifier:
@@ -47,39 +59,67 @@ class Notifier:
     def start(self) -> None:
         self._thread.start()
 
-    def join(self) -> None:
-        self._thread.join()
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
-    def _connect(self) -> psycopg.Connection[tuple[object, ...]]:
-        args, kwargs = self._engine.dialect.create_connect_args(self._engine.url)
-        connection = psycopg.connect(*args, **kwargs, autocommit=True)
-        connection.execute(f"LISTEN {INSERT_CHANNEL}")
-        connection.execute(f"LISTEN {CONTROL_CHANNEL}")
-        return connection
+    def _connect(self) -> tuple[Any, psycopg.Connection[Any]]:
+        """A connection of the engine's, out of its pool for good, listening."""
+        pooled = self._engine.raw_connection()
+        driver = pooled.driver_connection
+        pooled.detach()
+        if not isinstance(driver, psycopg.Connection):
+            pooled.close()
+            raise ListenUnsupportedError(
+                f"the {self._engine.dialect.driver} driver's connections cannot wait for "
+                "notifications here"
+            )
+        try:
+            driver.rollback()
+            driver.autocommit = True
+            driver.execute(f"LISTEN {INSERT_CHANNEL}")
+            driver.execute(f"LISTEN {CONTROL_CHANNEL}")
+        except BaseException:
+            pooled.close()
+            raise
+        return pooled, driver
 
     def _loop(self) -> None:
         failures = 0
         while not self._stopping.is_set():
             try:
-                with self._connect() as connection:
-                    failures = 0
-                    self.connected.set()
-                    # Anything sent while we were not listening is found by this fetch.
-                    self._on_connect()
-                    while not self._stopping.is_set():
-                        for notification in connection.notifies(timeout=0.25):
-                            self._dispatch(notification.channel, notification.payload)
+                pooled, connection = self._connect()
+            except ListenUnsupportedError as exc:
+                log.warning("%s; the worker polls for new jobs instead", exc)
+                return
             except Exception as exc:
-                self.connected.clear()
                 failures += 1
-                level = (
-                    logging.WARNING
-                    if is_transient(exc) or isinstance(exc, psycopg.OperationalError)
-                    else logging.ERROR
-                )
-                log.log(level, "listen connection lost (%s); reconnecting", exc)
+                self._log_failure("could not open the listen connection", exc)
                 self._stopping.wait(min(0.1 * 2**failures, 5.0))
-        self.connected.clear()
+                continue
+            try:
+                failures = 0
+                self.connected.set()
+                # Anything sent while we were not listening is found by this fetch.
+                self._on_connect()
+                while not self._stopping.is_set():
+                    for notification in connection.notifies(timeout=0.25):
+                        self._dispatch(notification.channel, notification.payload)
+            except Exception as exc:
+                failures += 1
+                self._log_failure("listen connection lost", exc)
+                self._stopping.wait(min(0.1 * 2**failures, 5.0))
+            finally:
+                self.connected.clear()
+                # A dead connection may fail to close; it is gone anyway.
+                with contextlib.suppress(Exception):
+                    pooled.close()
+
+    @staticmethod
+    def _log_failure(what: str, exc: Exception) -> None:
+        transient = is_transient(exc) or isinstance(exc, psycopg.OperationalError)
+        level = logging.WARNING if transient else logging.ERROR
+        log.log(level, "%s (%s); reconnecting", what, describe(exc))
 
     def _dispatch(self, channel: str, payload: str) -> None:
         if channel == INSERT_CHANNEL:

@@ -29,8 +29,9 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import ReturningUpdate
 
+from sa_jobs.error_records import describe
 from sa_jobs.models import CORE_COLUMNS, Job, JobState
-from sa_jobs.worker.backoff import autocommit, is_transient
+from sa_jobs.worker.backoff import is_transient
 
 __all__ = ["Producer", "fetch_jobs", "jobs_fetch_available"]
 
@@ -95,10 +96,12 @@ def fetch_jobs(
 ) -> list[Job]:
     """Fetch and detach jobs, in the order they should start.
 
-    One statement in autocommit mode: one round trip, no BEGIN/COMMIT around it.
+    The rows are marked running and loaded in one transaction, which commits only once
+    every row has been loaded: if anything about a row cannot be read, nothing is marked
+    running, rather than a batch being marked and never handed over.
     """
     params = {"fetch_queue": queue, "fetch_limit": limit, "fetch_worker_id": worker_id}
-    with Session(autocommit(engine), expire_on_commit=False) as session:
+    with Session(engine, expire_on_commit=False) as session, session.begin():
         jobs = list(session.scalars(_fetch_as_jobs(unique, sequence), params))
     jobs.sort(key=lambda job: (job.priority, job.scheduled_at, job.id))
     return jobs
@@ -135,8 +138,9 @@ class Producer:
     def start(self) -> None:
         self._thread.start()
 
-    def join(self) -> None:
-        self._thread.join()
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
 
     def wake(self) -> None:
         with self._lock:
@@ -151,11 +155,6 @@ class Producer:
         self._wake.set()
 
     @property
-    def running(self) -> int:
-        with self._lock:
-            return self.concurrency - self._free
-
-    @property
     def drained(self) -> bool:
         with self._lock:
             return self._drained and self._free == self.concurrency
@@ -165,31 +164,34 @@ class Producer:
         while not self._stopping.is_set():
             self._wake.wait(self._poll_interval)
             self._wake.clear()
-            while not self._stopping.is_set():
+            try:
+                self._fill_slots()
+                failures = 0
+            except Exception as exc:
+                failures += 1
+                level = logging.WARNING if is_transient(exc) else logging.ERROR
+                log.log(level, "fetching from queue %r failed: %s", self.queue, describe(exc))
+                self._stopping.wait(min(0.1 * 2**failures, 5.0))
+
+    def _fill_slots(self) -> None:
+        """Fetch and dispatch until the slots are full or the queue has nothing due."""
+        while not self._stopping.is_set():
+            with self._lock:
+                free = self._free
+            if free == 0:
+                return
+            if free < self.concurrency // 2:
+                # Busy: let a few more slots free up so the next fetch is a fuller
+                # batch (one round trip for several jobs). An idle queue never waits.
+                self._stopping.wait(FETCH_COOLDOWN)
                 with self._lock:
                     free = self._free
-                if free == 0:
-                    break
-                if free < self.concurrency // 2:
-                    # Busy: let a few more slots free up so the next fetch is a fuller
-                    # batch (one round trip for several jobs). An idle queue never waits.
-                    self._stopping.wait(FETCH_COOLDOWN)
-                    with self._lock:
-                        free = self._free
-                try:
-                    jobs = self._fetch(self.queue, free)
-                    failures = 0
-                except Exception as exc:
-                    failures += 1
-                    level = logging.WARNING if is_transient(exc) else logging.ERROR
-                    log.log(level, "fetching from queue %r failed: %s", self.queue, exc)
-                    self._stopping.wait(min(0.1 * 2**failures, 5.0))
-                    break
-                with self._lock:
-                    self._free -= len(jobs)
-                    if not jobs and self._free == self.concurrency:
-                        self._drained = True
-                for job in jobs:
-                    self._dispatch(job)
-                if len(jobs) < free:
-                    break
+            jobs = self._fetch(self.queue, free)
+            with self._lock:
+                self._free -= len(jobs)
+                if not jobs and self._free == self.concurrency:
+                    self._drained = True
+            for job in jobs:
+                self._dispatch(job)
+            if len(jobs) < free:
+                return

@@ -5,18 +5,28 @@ one sees ``job.cancelled``). If the run has still not settled ``grace`` seconds 
 a sync handler that never checks — the watchdog settles it itself, so the job is failed
 (or returned, on shutdown) and its slot freed even though the thread is stuck. Whatever
 that thread returns later is dropped.
+
+The thread never dies: it sleeps at most :data:`MAX_SLEEP` at a time (a deadline a year
+away must not overflow ``threading``'s wait), and an error while settling one run is
+logged without ending timeout enforcement for the others.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import threading
 import time
 
 from sa_jobs.worker.execution import Execution, Interrupt
 
 __all__ = ["Watchdog"]
+
+log = logging.getLogger("sa_jobs.worker")
+
+#: The longest single wait; a later deadline is simply waited for in several steps.
+MAX_SLEEP = 60.0
 
 
 class Watchdog:
@@ -31,11 +41,11 @@ class Watchdog:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         with self._wake:
             self._stopping = True
             self._wake.notify()
-        self._thread.join()
+        self._thread.join(timeout)
 
     def watch(self, execution: Execution) -> None:
         if execution.deadline is not None:
@@ -59,14 +69,21 @@ class Watchdog:
                 while not self._stopping and (
                     not self._heap or self._heap[0][0] > time.monotonic()
                 ):
-                    timeout = self._heap[0][0] - time.monotonic() if self._heap else None
-                    self._wake.wait(timeout)
+                    wait = self._heap[0][0] - time.monotonic() if self._heap else MAX_SLEEP
+                    self._wake.wait(min(wait, MAX_SLEEP))
                 if self._stopping:
                     return
                 _, _, reason, settle, execution = heapq.heappop(self._heap)
-            if execution.finished:
-                continue
-            if not settle:
-                self.interrupt_now(execution, reason)
-            elif execution.try_finish():
-                execution.settle(execution.outcome_for_interrupt(reason))
+            try:
+                self._fire(reason, settle, execution)
+            except Exception:
+                log.exception("the watchdog failed to stop job %d", execution.job.id)
+
+    def _fire(self, reason: Interrupt, settle: bool, execution: Execution) -> None:
+        if execution.finished:
+            return
+        if not settle:
+            self.interrupt_now(execution, reason)
+        elif execution.try_finish():
+            outcome = execution.outcome_for_interrupt(reason, abandoned=True)
+            execution.settle(outcome, by_runner=False)

@@ -13,7 +13,7 @@ import sa_jobs
 from sa_jobs import JobState
 from tests.acceptance.conftest import Spawn
 from tests.acceptance.processes import get_job, runs, started, wait_for
-from tests.acceptance.worker_app import LongJob, QuickJob
+from tests.acceptance.worker_app import LongJob, PoisonJob, QuickJob
 
 pytestmark = pytest.mark.slow
 
@@ -95,3 +95,30 @@ def test_hard_stop_exits_even_if_the_handler_ignores_cancellation(
     )
     # ...and then the process must go away rather than keep running the handler.
     assert worker.wait(3) == 0
+
+
+def test_sigterm_stops_a_worker_whose_handler_raised_an_unstorable_error(
+    engine: Engine, spawn: Spawn
+) -> None:
+    # A NUL in an error text used to make the completer retry one statement forever:
+    # every later job stayed running and SIGTERM never stopped the process.
+    worker = spawn("poisoned")
+    worker.wait_ready(engine)
+    with Session(engine) as session, session.begin():
+        poison_id = sa_jobs.insert(session, PoisonJob()).job.id
+        quick_ids = [
+            r.job.id for r in sa_jobs.insert_many(session, [QuickJob(n) for n in range(5)])
+        ]
+    for job_id in quick_ids:
+        wait_for(
+            lambda job_id=job_id: get_job(engine, job_id).state is JobState.COMPLETED,
+            15,
+            f"job {job_id}",
+        )
+    wait_for(lambda: get_job(engine, poison_id).state is not JobState.RUNNING, 15, "the poison job")
+
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(15) == 0
+    poisoned = get_job(engine, poison_id)
+    assert poisoned.state is JobState.RETRYABLE
+    assert poisoned.errors[-1]["error"] == "ValueError: poison \ufffd in the message"

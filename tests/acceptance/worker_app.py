@@ -63,6 +63,13 @@ class QuickJob:
     sleep: float = 0.01
 
 
+@sa_jobs.job_args(kind="acceptance_poison")
+class PoisonJob:
+    """Fails with an error text PostgreSQL cannot store as is (a NUL character)."""
+
+    n: int = 0
+
+
 _runs_engine: Engine | None = None
 
 
@@ -96,6 +103,11 @@ def quick_job(job: Job) -> None:
     record(job, "end")
 
 
+def poison_job(job: Job) -> None:
+    record(job, "start")
+    raise ValueError("poison \x00 in the message")
+
+
 def main() -> None:
     global _runs_engine
     logging.basicConfig(
@@ -117,6 +129,7 @@ def main() -> None:
     )
     worker.handler(LongJob)(long_job)
     worker.handler(QuickJob)(quick_job)
+    worker.handler(PoisonJob)(poison_job)
     worker.run()
     logging.getLogger("worker_app").info("worker.run() returned; exiting")
     engine.dispose()

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from sqlalchemy import URL, Engine
+from sqlalchemy import URL, Engine, create_engine, text
 from sqlalchemy.orm import Session
 
 import sa_jobs
@@ -294,6 +294,55 @@ def test_a_database_without_the_schema_says_to_migrate(
         code = main(["jobs", "show", "1", "--url", url.render_as_string(hide_password=False)])
     assert code == 1
     assert_one_line_error(capsys.readouterr().err, "sa-jobs migrate")
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["postgres://::not-a-port", "not a url at all", "postgresql+nodriver://x@localhost/db"],
+    ids=["bad-port", "garbage", "unknown-driver"],
+)
+def test_a_url_that_cannot_be_used_fails_with_one_line_without_echoing_it(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["jobs", "list", "--url", url]) == 1
+    err = capsys.readouterr().err
+    assert_one_line_error(err)
+    assert "URL" in err
+
+
+@pytest.mark.parametrize("job_id", ["99999999999999999999999", "0", "-3", "seven"])
+def test_a_job_id_out_of_range_fails_with_one_line(
+    job_id: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["jobs", "show", job_id, "--url", "postgresql://nobody@127.0.0.1:1/x"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "is not a job id" in err
+
+
+def test_an_unknown_revision_fails_with_one_line(
+    pg_server: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with throwaway_database(pg_server, prefix="sa_jobs_test_cli") as url:
+        code = main(["migrate", "--target", "no_such_rev", "--url", url.render_as_string(False)])
+    assert code == 1
+    assert_one_line_error(capsys.readouterr().err, "no_such_rev")
+
+
+def test_migrate_over_a_schema_installed_by_another_alembic_env_fails_with_one_line(
+    pg_server: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with throwaway_database(pg_server, prefix="sa_jobs_test_cli") as url:
+        engine = create_engine(url)
+        sa_jobs.migrate(engine)
+        with engine.begin() as connection:
+            connection.execute(text("DROP TABLE sa_jobs_alembic_version"))
+        engine.dispose()
+        code = main(["migrate", "--url", url.render_as_string(False)])
+    assert code == 1
+    assert_one_line_error(capsys.readouterr().err, "another Alembic environment")
 
 
 # ---------------------------------------------------------------------- work

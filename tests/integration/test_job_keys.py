@@ -49,7 +49,7 @@ from sa_jobs.errors import InvalidOptionsError, JobSnooze, JobStateError, Schema
 from sa_jobs.job_key import RemoveOutcome
 from sa_jobs.options import DEFAULT_MAX_ATTEMPTS
 from sa_jobs.schema import CORE_BRANCH, JOB_KEY_BRANCH, installed_branches
-from sa_jobs.worker.maintenance.rescuer import jobs_rescue_orphaned
+from sa_jobs.worker.maintenance.rescuer import Rescuer
 from sa_jobs.worker.producer import fetch_jobs
 from tests.factories import clear_workers_and_leader, job_row
 from tests.integration.worker_helpers import (
@@ -777,7 +777,7 @@ def test_a_replaced_running_job_that_is_rescued_is_discarded_not_retried(
     running = start(engine, worker_id="ghost-worker")  # no heartbeat: presumed dead
     replacement = add(engine, SendEmail(2), job_key=KEY)
     with engine.begin() as connection:
-        rescued = connection.execute(jobs_rescue_orphaned(0.0, 10, job_key=True)).all()
+        rescued = Rescuer(0.0).rescue(connection)
     assert [tuple(r) for r in rescued] == [(running.id, JobState.DISCARDED)]
     assert row(engine, running.id).job_key is None
     assert holder_of(engine, KEY).id == replacement.job.id
@@ -790,7 +790,7 @@ def test_a_rescued_job_that_was_not_replaced_keeps_its_key_and_is_retried(
     add(engine, SendEmail(1), job_key=KEY, max_attempts=5)
     running = start(engine, worker_id="ghost-worker")
     with engine.begin() as connection:
-        rescued = connection.execute(jobs_rescue_orphaned(0.0, 10, job_key=True)).all()
+        rescued = Rescuer(0.0).rescue(connection)
     assert [tuple(r) for r in rescued] == [(running.id, JobState.RETRYABLE)]
     assert row(engine, running.id).job_key == KEY
     # It failed before (the rescue's error): a new add resets it.
@@ -1416,7 +1416,7 @@ def test_a_late_result_of_a_rescued_run_does_not_complete_the_reset_job(
     add(engine, ProcessEvents([1]), job_key=KEY)
     old_run = start(engine, worker_id="partitioned-worker")
     with engine.begin() as connection:
-        rescued = connection.execute(jobs_rescue_orphaned(0.0, 10, job_key=True)).all()
+        rescued = Rescuer(0.0).rescue(connection)
     assert [tuple(r) for r in rescued] == [(old_run.id, JobState.RETRYABLE)]
     add(engine, ProcessEvents([2]), job_key=KEY)  # reset: attempt 0, args [1, 2]
     new_run = start(engine, worker_id="live-worker")

@@ -79,7 +79,7 @@ def running(worker: Worker) -> Iterator[Worker]:
 
 def wait_listening(worker: Worker, timeout: float = 5.0) -> None:
     """Wait until the worker's LISTEN connection is up (so a NOTIFY reaches it)."""
-    assert worker._notifier.connected.wait(timeout), "the worker never started listening"
+    assert worker.listening.wait(timeout), "the worker never started listening"
 
 
 # ------------------------------------------------------------------ jobs in the database

@@ -7,8 +7,10 @@ Every test makes its own throwaway database (none uses the shared migrated one).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -25,7 +27,7 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs.devdb import Server, throwaway_database
-from sa_jobs.errors import SchemaMissingError
+from sa_jobs.errors import SchemaManagedElsewhereError, SchemaMissingError
 from sa_jobs.schema import VERSION_TABLE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -297,6 +299,43 @@ def test_flushing_an_enqueued_job_into_an_unmigrated_database_says_to_run_sa_job
     assert "sa-jobs migrate" in str(raised.value)
 
 
+def test_migrate_installs_the_schema_from_a_package_under_a_path_with_a_colon(
+    tmp_path: Path, blank_url: URL, blank_engine: Engine
+) -> None:
+    # Alembic split version_locations on ":" (path_separator=os), so sa_jobs installed
+    # under such a path used to find no scripts and silently install nothing.
+    home = tmp_path / "site:packages"
+    shutil.copytree(
+        REPO / "sa_jobs", home / "sa_jobs", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    site_packages = sysconfig.get_paths()["purelib"]
+    # -S: no site hooks, so the editable install of the checkout cannot win; PYTHONPATH
+    # cannot name the directory either (it is split on ":" too).
+    script = (
+        f"import sys; sys.path[:0] = [{str(home)!r}, {site_packages!r}]\n"
+        "import sqlalchemy, sa_jobs\n"
+        f"assert sa_jobs.__file__.startswith({str(home)!r}), sa_jobs.__file__\n"
+        f"engine = sqlalchemy.create_engine({url_text(blank_url)!r})\n"
+        "sa_jobs.migrate(engine)\n"
+    )
+    run([sys.executable, "-S", "-W", "error", "-c", script], cwd=tmp_path)
+    assert {"sa_job", "sa_job_worker", "sa_job_leader"} <= set(
+        inspect(blank_engine).get_table_names()
+    )
+    assert current_heads(blank_engine) == set(shipped_scripts().get_heads())
+
+
+def test_migrate_refuses_a_schema_another_alembic_environment_installed(
+    blank_engine: Engine,
+) -> None:
+    sa_jobs.migrate(blank_engine)
+    with blank_engine.begin() as connection:  # as if the app's own env had run the scripts
+        connection.execute(text(f"DROP TABLE {VERSION_TABLE}"))
+    with pytest.raises(SchemaManagedElsewhereError, match="alembic upgrade heads"):
+        sa_jobs.migrate(blank_engine)
+    assert VERSION_TABLE not in inspect(blank_engine).get_table_names()
+
+
 # --------------------------------------------------------------------------- migrations for users
 
 APP_ALEMBIC_INI = """\
@@ -398,6 +437,17 @@ def test_an_app_alembic_env_runs_the_migrations_shipped_in_the_wheel(
             reference.dispose()
     assert schema_snapshot(blank_engine, ignore=(*VERSION_TABLES, "app_invoice")) == expected
     run([*alembic, "check"], cwd=app, env=env)
+    # sa-jobs migrate must not try to install the schema a second time.
+    refused = subprocess.run(
+        [venv / "bin" / "sa-jobs", "migrate", "--url", url_text(blank_url)],
+        cwd=app,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 1
+    assert refused.stderr.count("\n") == 1, refused.stderr
+    assert "another Alembic environment" in refused.stderr
 
     run([*alembic, "downgrade", "base"], cwd=app, env=env)
     assert set(inspect(blank_engine).get_table_names()) == {"alembic_version"}

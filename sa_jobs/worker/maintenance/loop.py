@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import threading
 import time
@@ -17,7 +16,7 @@ from sa_jobs.worker.backoff import is_transient
 from sa_jobs.worker.maintenance.cleaner import Cleaner, Retention
 from sa_jobs.worker.maintenance.leader import LeaderElection
 from sa_jobs.worker.maintenance.presence import Presence
-from sa_jobs.worker.maintenance.rescuer import Rescuer
+from sa_jobs.worker.maintenance.rescuer import Rescuer, RetryDelay
 from sa_jobs.worker.maintenance.scheduler import Scheduler
 
 __all__ = ["MaintenanceConfig", "MaintenanceLoop"]
@@ -88,14 +87,16 @@ class MaintenanceLoop:
         *,
         unique: bool = False,
         sequence: bool = False,
-        job_key: bool = False,
+        retry_delay: RetryDelay | None = None,
     ) -> None:
         self._engine = engine
         self.config = config
         self.presence = presence
         self.election = election
         self.scheduler = Scheduler(unique=unique, sequence=sequence)
-        self.rescuer = Rescuer(config.rescue_after, sequence=sequence, job_key=job_key)
+        self.rescuer = Rescuer(config.rescue_after, sequence=sequence)
+        if retry_delay is not None:
+            self.rescuer.retry_delay = retry_delay
         # Every process rescues the jobs its own id holds but it does not (see Presence).
         presence.rescuer = self.rescuer
         self.cleaner = Cleaner(config.retention, sequence=sequence)
@@ -118,8 +119,9 @@ class MaintenanceLoop:
         self._step("heartbeat", self.presence.heartbeat)
         self._thread.start()
 
-    def join(self) -> None:
-        self._thread.join()
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
         self._step("resign", self.election.resign)
         self._step("deregister", self.presence.deregister)
 
@@ -158,6 +160,3 @@ class MaintenanceLoop:
             level = logging.WARNING if is_transient(exc) else logging.ERROR
             log.log(level, "maintenance step %s failed: %s", name, exc)
             return 0
-
-    def describe(self) -> dict[str, dt.timedelta]:
-        return {s.name: dt.timedelta(seconds=s.interval) for s in self._services}

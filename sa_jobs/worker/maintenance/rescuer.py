@@ -7,123 +7,72 @@ that fetched it has not heartbeated for ``rescue_after`` seconds (or its row is 
 A live worker's jobs are never touched, however long they run — the worker enforces
 their timeouts itself.
 
-A rescued job is ``retryable`` (due after the default backoff), ``discarded`` if it has
-no attempts left, or ``cancelled`` if someone asked to cancel it; the reason is appended
-to its ``errors``.
+A rescue is a failed attempt like any other, written by the same transition the
+completer uses (:func:`sa_jobs.complete.finish_in`): the job becomes ``retryable``,
+due after its retry policy's delay (the handler's policy if this process has a handler
+for the kind, else the worker's), ``discarded`` if it has no attempts left, or
+``cancelled`` if someone asked; the reason is appended to its ``errors``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Select, and_, case, exists, func, literal, null, select, update
-from sqlalchemy import cast as sql_cast
-from sqlalchemy.sql.dml import ReturningUpdate
+from sqlalchemy import Connection, Select, and_, exists, func, literal, select
+from sqlalchemy.orm import Session
+from sqlalchemy.sql.expression import ColumnElement
 
-from sa_jobs.complete import CANCEL_ATTEMPTED_KEY
-from sa_jobs.models import FINAL_STATES, Job, JobState, WorkerProcess, job_state_type
-from sa_jobs.sequence import advance_sequences, lock_sequences_of_jobs
+from sa_jobs.complete import Ending, Outcome, finish_in
+from sa_jobs.error_records import message_record
+from sa_jobs.models import Job, JobState, WorkerProcess
+from sa_jobs.sequence import lock_sequences_of_jobs
+from sa_jobs.worker.retry import DEFAULT_RETRY_POLICY, retry_delay
 
-__all__ = ["Rescuer", "jobs_rescue_orphaned"]
+__all__ = ["Rescuer", "jobs_orphaned"]
+
+#: ``(delay in seconds, note)`` for a job whose attempt failed; see Worker.retry_delay_for.
+RetryDelay = Callable[[Job], tuple[float, str | None]]
 
 
 def _seconds(value: object) -> object:
     return func.make_interval(0, 0, 0, 0, 0, 0, value)
 
 
-def jobs_orphaned(
-    rescue_after: float, limit: int, *, own: tuple[str, Sequence[int]] | None = None
-) -> Select[int]:
-    """Ids of up to ``limit`` running jobs whose worker is gone (see the module docstring).
-
-    With ``own=(worker_id, held_ids)``: instead, the jobs running under that worker id
-    that the (live) process does not hold.
-    """
+def _orphaned(
+    rescue_after: float, own: tuple[str, Sequence[int]] | None
+) -> list[ColumnElement[bool]]:
+    """The conditions a rescued job meets (see :func:`jobs_orphaned`)."""
     last_worker = Job.attempted_by[func.cardinality(Job.attempted_by)]
     if own is None:
         alive = exists().where(
             WorkerProcess.id == last_worker,
             WorkerProcess.heartbeat_at > func.now() - _seconds(literal(rescue_after)),
         )
-        lost = ~alive
+        lost: ColumnElement[bool] = ~alive
     else:
         worker_id, held = own
         lost = and_(last_worker == worker_id, Job.id.not_in(list(held)))
-    return (
-        select(Job.id)
-        .where(
-            Job.state == JobState.RUNNING,
-            Job.attempted_at < func.now() - _seconds(literal(rescue_after)),
-            lost,
-        )
-        .limit(limit)
-    )
+    return [
+        Job.state == JobState.RUNNING,
+        Job.attempted_at < func.now() - _seconds(literal(rescue_after)),
+        lost,
+    ]
 
 
-def jobs_rescue_orphaned(
-    rescue_after: float,
-    limit: int,
-    *,
-    job_key: bool = False,
-    own: tuple[str, Sequence[int]] | None = None,
-    among: Sequence[int] | None = None,
-) -> ReturningUpdate[int, JobState]:
-    """Rescue up to ``limit`` running jobs whose worker is gone; returns ``(id, state)``.
+def jobs_orphaned(
+    rescue_after: float, limit: int, *, own: tuple[str, Sequence[int]] | None = None
+) -> Select[Any]:
+    """Ids of up to ``limit`` running jobs whose worker is gone (see the module docstring).
 
-    ``own`` is as for :func:`jobs_orphaned`; ``among`` limits the rescue to these ids
-    (already chosen, and their sequences locked). With ``job_key``, a rescued job that
-    ends cancelled releases its key.
+    With ``own=(worker_id, held_ids)``: instead, the jobs running under that worker id
+    that the (live) process does not hold.
     """
-    last_worker = Job.attempted_by[func.cardinality(Job.attempted_by)]
-    candidates = jobs_orphaned(rescue_after, limit, own=own)
-    if among is not None:
-        candidates = candidates.where(Job.id.in_(list(among)))
-    orphaned = candidates.with_for_update(skip_locked=True).cte("orphaned")
-    next_state = case(
-        (Job.metadata_.has_key(CANCEL_ATTEMPTED_KEY), JobState.CANCELLED.value),
-        (Job.attempt >= Job.max_attempts, JobState.DISCARDED.value),
-        else_=JobState.RETRYABLE.value,
-    )
-    error = func.jsonb_build_object(
-        "attempt",
-        Job.attempt,
-        "error",
-        func.concat(
-            "RescuedError: worker ",
-            last_worker,
-            f" stopped heartbeating for over {rescue_after:g} s while running this job",
-        ),
-        "at",
-        func.now(),
-    )
-    return (
-        update(Job)
-        .where(Job.id == orphaned.c.id)
-        .values(
-            state=sql_cast(next_state, job_state_type),
-            finalized_at=case(
-                (next_state.in_([s.value for s in FINAL_STATES]), func.now()), else_=null()
-            ),
-            # The process died, maybe not the job's fault: retry after the default backoff.
-            scheduled_at=func.now() + _seconds(func.least(func.power(Job.attempt, 4), 86400)),
-            errors=Job.errors + func.jsonb_build_array(error),
-            **(
-                {
-                    "job_key": case(
-                        (next_state == JobState.CANCELLED.value, null()), else_=Job.job_key
-                    )
-                }
-                if job_key
-                else {}
-            ),
-        )
-        .returning(Job.id, Job.state)
-    )
+    return select(Job.id).where(*_orphaned(rescue_after, own)).limit(limit)
 
 
-def _release_job_key(next_state: Any) -> dict[str, Any]:
-    return {"job_key": case((next_state == JobState.CANCELLED.value, null()), else_=Job.job_key)}
+def _default_retry_delay(job: Job) -> tuple[float, str | None]:
+    return retry_delay(DEFAULT_RETRY_POLICY, job)
 
 
 class Rescuer:
@@ -133,29 +82,46 @@ class Rescuer:
         limit: int = 1000,
         *,
         sequence: bool = False,
-        job_key: bool = False,
+        retry_delay: RetryDelay = _default_retry_delay,
     ) -> None:
         self.rescue_after = rescue_after
         self.limit = limit
         self.sequence = sequence
-        self.job_key = job_key
+        self.retry_delay = retry_delay
 
     def run_once(
         self, connection: Connection, *, own: tuple[str, Sequence[int]] | None = None
     ) -> int:
-        """Returns the number of jobs rescued (see :func:`jobs_rescue_orphaned` for ``own``)."""
-        among = None
+        """Returns the number of jobs rescued (see :func:`jobs_orphaned` for ``own``)."""
+        return len(self.rescue(connection, own=own))
+
+    def rescue(
+        self, connection: Connection, *, own: tuple[str, Sequence[int]] | None = None
+    ) -> list[tuple[int, JobState]]:
+        """Rescue orphaned jobs; returns ``(id, new state)`` of each."""
+        candidates = list(connection.scalars(jobs_orphaned(self.rescue_after, self.limit, own=own)))
+        if not candidates:
+            return []
         if self.sequence:
             # Sequence locks before row locks, in the order inserters take them.
-            among = list(connection.scalars(jobs_orphaned(self.rescue_after, self.limit, own=own)))
-            if not among:
-                return 0
-            lock_sequences_of_jobs(connection, among)
-        rescue = jobs_rescue_orphaned(
-            self.rescue_after, self.limit, job_key=self.job_key, own=own, among=among
+            lock_sequences_of_jobs(connection, candidates)
+        with Session(bind=connection, expire_on_commit=False) as session:
+            jobs = session.scalars(
+                select(Job)
+                .where(Job.id.in_(candidates), *_orphaned(self.rescue_after, own))
+                .with_for_update(skip_locked=True)
+            ).all()
+            outcomes = [self._outcome(job) for job in jobs]
+        return finish_in(connection, outcomes) if outcomes else []
+
+    def _outcome(self, job: Job) -> Outcome:
+        worker = job.attempted_by[-1] if job.attempted_by else "?"
+        record = message_record(
+            job.attempt,
+            f"RescuedError: worker {worker} stopped heartbeating for over "
+            f"{self.rescue_after:g} s while running this job",
         )
-        rescued = connection.execute(rescue).all()
-        if self.sequence:
-            finished = [job_id for job_id, state in rescued if state in FINAL_STATES]
-            advance_sequences(connection, finished)
-        return len(rescued)
+        delay, note = self.retry_delay(job)
+        if note is not None:
+            record["retry_policy_error"] = note
+        return Outcome.of(job, Ending.FAILED, delay=delay, error=record)
