@@ -1,10 +1,11 @@
 """Finishing a run of a job: the one statement every completion path shares.
 
-A run is identified by ``(id, attempt)``: the fetch increments ``attempt``, and nothing
-else lowers it (a snooze or a shutdown gives the attempt back by raising
-``max_attempts`` instead). :func:`jobs_finish` only touches rows that are still
-``running`` *with that attempt*, so a late result from an attempt that timed out, was
-rescued, or was completed by :func:`complete_in` never overwrites anything.
+A run is identified by ``(id, run_count)``: the fetch increments ``run_count``, and
+nothing lowers it. :func:`jobs_finish` only touches rows that are still ``running``
+*with that run count*, so a late result from a run that timed out, was rescued, or was
+completed by :func:`complete_in` never overwrites anything. ``attempt`` is River's: the
+fetch increments it too, and a snooze or a shutdown gives it back (``max_attempts``
+never changes).
 
 The batched completer sends many outcomes in one :func:`jobs_finish` statement;
 :func:`complete_in` sends one, inside the caller's transaction.
@@ -22,7 +23,7 @@ from sqlalchemy import (
     BigInteger,
     Connection,
     Float,
-    SmallInteger,
+    Integer,
     Text,
     and_,
     case,
@@ -42,6 +43,7 @@ from sa_jobs.errors import JobNotFoundError, JobStateError
 from sa_jobs.models import FINAL_STATES, Job, JobState, job_state_type, json_recordset
 from sa_jobs.schema import JOB_KEY_BRANCH, SEQUENCE_BRANCH, branches_of
 from sa_jobs.sequence import advance_sequences, locks_before_update
+from sa_jobs.sql import seconds_interval
 
 __all__ = ["Outcome", "complete_in", "jobs_finish"]
 
@@ -71,7 +73,8 @@ class Outcome:
     """The result of one run, ready to be written."""
 
     job_id: int
-    attempt: int
+    #: The run this outcome belongs to (the job's ``run_count`` when it was fetched).
+    run: int
     ending: Ending
     #: Seconds from now (database clock) until the job is due again.
     delay: float | None = None
@@ -86,7 +89,7 @@ class Outcome:
     @classmethod
     def of(cls, job: Job, ending: Ending, **details: Any) -> Outcome:
         """An outcome for this run of ``job``."""
-        return cls(job.id, job.attempt, ending, sequenced=in_sequence(job), job=job, **details)
+        return cls(job.id, job.run_count, ending, sequenced=in_sequence(job), job=job, **details)
 
     @classmethod
     def completed(cls, job: Job) -> Outcome:
@@ -102,7 +105,7 @@ def in_sequence(job: Job) -> bool | None:
 
 _OUTCOME_COLUMNS = (
     column("id", BigInteger),
-    column("attempt", SmallInteger),
+    column("run", Integer),
     column("ending", Text),
     column("delay", Float),
     column("error", JSONB),
@@ -163,8 +166,11 @@ def _build_finish(
         else_=JobState.RETRYABLE.value,
     )
     final_values = [state.value for state in FINAL_STATES]
-    gives_attempt_back = ending.in_([Ending.SNOOZED.value, Ending.RETURNED.value])
-    guards = [Job.id == source.c.id, Job.attempt == source.c.attempt, Job.state == JobState.RUNNING]
+    runs_again = [JobState.SCHEDULED.value, JobState.RETRYABLE.value, JobState.AVAILABLE.value]
+    gives_attempt_back = and_(
+        ending.in_([Ending.SNOOZED.value, Ending.RETURNED.value]), next_state.in_(runs_again)
+    )
+    guards = [Job.id == source.c.id, Job.run_count == source.c.run, Job.state == JobState.RUNNING]
     if sequence:
         ids = json_recordset(OUTCOMES_PARAM, [column("id", BigInteger)], "locking", bound)
         locks = locks_before_update(select(ids.c.id))
@@ -175,10 +181,12 @@ def _build_finish(
         .values(
             state=sql_cast(next_state, job_state_type),
             finalized_at=case((next_state.in_(final_values), func.now()), else_=null()),
+            # Only a job that will run again gets a new time: a cancelled or discarded
+            # job keeps the scheduled_at it had.
             scheduled_at=case(
                 (
-                    source.c.delay.is_not(None),
-                    func.now() + func.make_interval(0, 0, 0, 0, 0, 0, source.c.delay),
+                    and_(source.c.delay.is_not(None), next_state.in_(runs_again)),
+                    func.now() + seconds_interval(source.c.delay),
                 ),
                 else_=Job.scheduled_at,
             ),
@@ -192,10 +200,8 @@ def _build_finish(
                 ),
                 else_=Job.errors,
             ),
-            max_attempts=case(
-                (and_(gives_attempt_back, Job.max_attempts < 32767), Job.max_attempts + 1),
-                else_=Job.max_attempts,
-            ),
+            # River's snooze: the run did not count against max_attempts.
+            attempt=case((gives_attempt_back, Job.attempt - 1), else_=Job.attempt),
             **(_release_job_key(next_state) if job_key else {}),
         )
         .returning(Job.id, Job.state)
@@ -212,7 +218,7 @@ def _release_job_key(next_state: Any) -> dict[str, Any]:
 def _outcome_json(outcome: Outcome) -> dict[str, Any]:
     return {
         "id": outcome.job_id,
-        "attempt": outcome.attempt,
+        "run": outcome.run,
         "ending": outcome.ending.value,
         "delay": outcome.delay,
         "error": outcome.error,
@@ -239,11 +245,11 @@ def complete_in(session: Session, job: Job) -> None:
     handler's database effects and its job's completion happen exactly once together.
     If the job is in a sequence, the next job of the sequence is made available in the
     same transaction.
-    Completing a job that this attempt already completed is a no-op (the worker's own completion
+    Completing a job that this run already completed is a no-op (the worker's own completion
     after this one does nothing either).
 
     Raises:
-        JobStateError: the job is not running this attempt any more (it timed out, was
+        JobStateError: the job is not running this run any more (it timed out, was
             rescued and rerun, cancelled, ...): roll back, the work belongs to another run.
         JobNotFoundError: no such job.
     """
@@ -253,19 +259,19 @@ def complete_in(session: Session, job: Job) -> None:
         _mark_completed(job)
         return
     current = connection.execute(
-        select(Job.state, Job.attempt).where(Job.id == job.id)
+        select(Job.state, Job.run_count).where(Job.id == job.id)
     ).one_or_none()
     if current is None:
         raise JobNotFoundError(job.id)
-    state, attempt = current
-    if state is JobState.COMPLETED and attempt == job.attempt:
+    state, run = current
+    if state is JobState.COMPLETED and run == job.run_count:
         return
     if state is JobState.RUNNING:
         raise JobStateError(
             job.id,
-            f"running attempt {attempt}, not attempt {job.attempt}",
+            f"running its run {run}, not run {job.run_count}",
             "complete",
-            [f"running attempt {job.attempt}"],
+            [f"running run {job.run_count}"],
         )
     raise JobStateError(job.id, state.value, "complete", [JobState.RUNNING.value])
 

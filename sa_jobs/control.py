@@ -30,6 +30,9 @@ from sa_jobs.schema import CONTROL_CHANNEL, JOB_KEY_BRANCH, SEQUENCE_BRANCH, bra
 __all__ = ["cancel_job", "retry_job"]
 
 _FINAL = [state.value for state in FINAL_STATES]
+#: retry_job does not touch these: running needs a cancel first; available is retried
+#: already.
+_LEFT_ALONE = [JobState.RUNNING.value, JobState.AVAILABLE.value]
 
 
 def cancel_job(session: Session, job_id: int) -> Job:
@@ -73,11 +76,13 @@ def cancel_job(session: Session, job_id: int) -> Job:
 
 
 def retry_job(session: Session, job_id: int) -> Job:
-    """Make a job available to run again now.
+    """Make a job available to run again now (River's ``JobRetry``).
 
     Works on any job that is not running: a finished one is revived (with one more
     attempt allowed if it had spent them all), a scheduled or retryable one is brought
-    forward. Errors are kept; ``attempt`` keeps counting.
+    forward. Its ``scheduled_at`` only ever moves earlier (to now), so a job already
+    waiting keeps its place in line, and a job that is ``available`` already is left
+    exactly as it is. Errors are kept; ``attempt`` keeps counting.
 
     Raises:
         JobStateError: the job is running (cancel it first).
@@ -86,7 +91,7 @@ def retry_job(session: Session, job_id: int) -> Job:
     """
     values: dict[str, Any] = {
         "state": JobState.AVAILABLE,
-        "scheduled_at": func.now(),
+        "scheduled_at": func.least(Job.scheduled_at, func.now()),
         "finalized_at": null(),
         "max_attempts": case(
             (Job.attempt >= Job.max_attempts, Job.attempt + 1), else_=Job.max_attempts
@@ -101,7 +106,7 @@ def retry_job(session: Session, job_id: int) -> Job:
                 values.update(sequence.retry_values(connection, job_id))
             statement = (
                 update(Job)
-                .where(Job.id == job_id, Job.state != JobState.RUNNING)
+                .where(Job.id == job_id, Job.state.not_in(_LEFT_ALONE))
                 .values(values)
                 .returning(Job.id)
             )
@@ -112,6 +117,8 @@ def retry_job(session: Session, job_id: int) -> Job:
         raise UniqueConflictError(job_id, _unique_key_holder(session, job_id)) from None
     if retried is None:
         job = _reload(session, job_id)
+        if job.state is JobState.AVAILABLE:
+            return job  # already waiting to run: nothing to do
         allowed = [state.value for state in JobState if state is not JobState.RUNNING]
         raise JobStateError(job_id, job.state.value, "retry", allowed)
     return _reload(session, job_id)

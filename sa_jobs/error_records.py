@@ -77,6 +77,8 @@ def error_record(attempt: int, exc: BaseException, *, with_trace: bool = True) -
     return record
 
 
-def message_record(attempt: int, error: str) -> dict[str, Any]:
-    """A record for an ending the worker describes itself (a rescue, an unwritable outcome)."""
+def message_record(attempt: int | None, error: str) -> dict[str, Any]:
+    """A record for an ending the worker describes itself (a rescue, an unwritable outcome).
+
+    ``attempt`` may be unknown (None) to a writer that has only the outcome."""
     return {"attempt": attempt, "error": storable(_head(error, MAX_MESSAGE))}

@@ -77,15 +77,18 @@ class InvalidOptionsError(SaJobsError, ValueError):
 
 
 class SchemaMissingError(SaJobsError, LookupError):
-    """The tables (or a feature's columns) are not in the database yet."""
+    """The tables (or a feature's columns) are not in the database yet, or not at the
+    version this sa_jobs needs (``outdated``)."""
 
-    def __init__(self, branch: str, detail: str = "") -> None:
+    def __init__(self, branch: str, detail: str = "", *, outdated: bool = False) -> None:
         self.branch = branch
+        self.outdated = outdated
         how = (
             "run `sa-jobs migrate` (or `alembic upgrade heads` with sa_jobs' migrations in your "
             "version_locations)"
         )
-        what = f"the sa_jobs {branch!r} migration branch is not installed in this database"
+        status = "is not up to date" if outdated else "is not installed"
+        what = f"the sa_jobs {branch!r} migration branch {status} in this database"
         super().__init__(f"{what}; {how}" + (f" ({detail})" if detail else ""))
 
 

@@ -30,12 +30,14 @@ import attrs
 from sqlalchemy import (
     Boolean,
     Connection,
+    Integer,
     Text,
     column,
     select,
 )
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.sql.dml import Insert
 
 from sa_jobs.args import (
@@ -95,11 +97,16 @@ class InsertResult:
             no-op (River's flag; the same as ``action is SKIPPED_DUPLICATE``).
         action: Inserted, skipped as a duplicate, or — with a job key — replaced or
             deduplicated.
+        revision: With a job key, Graphile's revision of the job (0 when created, one
+            more per update in place).
     """
 
     job: Job
     unique_skipped_as_duplicate: bool = False
     action: InsertAction = InsertAction.INSERTED
+    #: With a job key: the job's revision (0 when created, +1 per update in place);
+    #: None for jobs without a key.
+    revision: int | None = None
 
 
 @attrs.frozen
@@ -222,18 +229,25 @@ def insert_many(
         return list(session.execute(_as_jobs(statement, keyed), params).all())
 
     written = write_rows(session.connection(), rows, run, batch_size=batch_size)
-    results = [
-        InsertResult(r[0], action is InsertAction.SKIPPED_DUPLICATE, action)
-        for r, action in written
-    ]
+    results = [_result(row, action) for row, action in written]
     _attach_args(results, pairs)
     return results
+
+
+def _result(row: Any, action: InsertAction) -> InsertResult:
+    job: Job = row[0]
+    job.unique_skipped_as_duplicate = action is InsertAction.SKIPPED_DUPLICATE
+    revision = None
+    if len(row) > 3:
+        revision = int(row[3])
+        set_committed_value(job, "revision", revision)
+    return InsertResult(job, job.unique_skipped_as_duplicate, action, revision)
 
 
 @functools.cache
 def _as_jobs(statement: Insert, keyed: bool) -> Any:
     """Load an insert statement's rows as Job objects (built once per statement)."""
-    extra = [column("job_key", Text)] if keyed else []
+    extra = [column("job_key", Text), column("revision", Integer)] if keyed else []
     loading = select(Job, column(EXISTED_COLUMN, Boolean), *extra)
     return loading.from_statement(statement).execution_options(populate_existing=True)
 

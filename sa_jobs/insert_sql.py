@@ -37,7 +37,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, BIT, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import Insert
 
-from sa_jobs.job_key import detach_running_holders, keyed_upsert
+from sa_jobs.job_key import detach_unavailable_holders, keyed_upsert
 from sa_jobs.models import (
     CORE_COLUMNS,
     EXISTED_COLUMN,
@@ -50,6 +50,7 @@ from sa_jobs.models import (
 )
 from sa_jobs.options import DEFAULT_UNIQUE_STATES, JobKeyMode
 from sa_jobs.sequence import lock_keys_in, waits_in_sequence
+from sa_jobs.sql import seconds_interval
 from sa_jobs.unique import release_expired_locks, unique_duplicate
 
 __all__ = ["ROWS_PARAM", "insert_statement", "jobs_insert", "rows_param", "statement_shape"]
@@ -135,10 +136,16 @@ def rows_param(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def statement_shape(rows: Sequence[dict[str, Any]]) -> dict[str, bool]:
-    """Which features the rows use, which decides the statement they need."""
+    """Which features the rows use, which decides the statement they need.
+
+    ``numbered``: several unique rows, which go into the table in key order (see
+    :func:`_build_insert`) and so take ids numbered in input order beforehand.
+    """
+    unique = any(row.get("unique_key") for row in rows)
     return {
-        "unique": any(row.get("unique_key") for row in rows),
+        "unique": unique,
         "sequenced": any(row.get("sequence_key") for row in rows),
+        "numbered": unique and len(rows) > 1,
     }
 
 
@@ -147,20 +154,30 @@ def insert_statement(
     *,
     unique: bool,
     sequenced: bool,
+    numbered: bool = False,
     lock_sequences: bool = False,
     job_key_mode: JobKeyMode | None = None,
 ) -> Insert:
     """The statement for rows of this shape, built once; execute it with
     :func:`rows_param`."""
     return _build_insert(
-        unique=unique, sequenced=sequenced, lock_sequences=lock_sequences, job_key_mode=job_key_mode
+        unique=unique,
+        sequenced=sequenced,
+        numbered=numbered,
+        lock_sequences=lock_sequences,
+        job_key_mode=job_key_mode,
     )
+
+
+#: The identity sequence of ``sa_job.id`` (PostgreSQL's name for it).
+_ID_SEQUENCE = literal_column("'sa_job_id_seq'", Text)
 
 
 def _build_insert(
     *,
     unique: bool,
     sequenced: bool,
+    numbered: bool = False,
     lock_sequences: bool = False,
     job_key_mode: JobKeyMode | None = None,
     bound: Any = None,
@@ -193,7 +210,7 @@ def _build_insert(
     columns = list(_INSERTED_COLUMNS)
     ctes = []
     if unique:
-        ttl = func.make_interval(0, 0, 0, 0, 0, 0, source.c.unique_ttl)
+        ttl = seconds_interval(source.c.unique_ttl)
         values += [
             source.c.unique_key,
             case(
@@ -203,7 +220,11 @@ def _build_insert(
                 ),
                 else_=null(),
             ),
-            case((source.c.unique_ttl.is_not(None), due_at + ttl), else_=null()),
+            # Faktory: the lock lasts ttl from the later of now and scheduled_at.
+            case(
+                (source.c.unique_ttl.is_not(None), func.greatest(due_at, func.now()) + ttl),
+                else_=null(),
+            ),
             func.coalesce(source.c.unique_until_start, False),
         ]
         columns += ["unique_key", "unique_states", "unique_expires_at", "unique_until_start"]
@@ -227,12 +248,28 @@ def _build_insert(
         values.append(source.c.job_key)
         columns.append("job_key")
         if job_key_mode is not JobKeyMode.UNSAFE_DEDUPE:
-            ctes.append(detach_running_holders(source))
+            ctes.append(detach_unavailable_holders(source))
     # Unique rows go in key order: ON CONFLICT waits on rows one by one, and two batches
     # that met the same keys in different orders would deadlock; a global order cannot.
-    # (write_rows maps the results back to input order.)
+    # (write_rows maps the results back to input order.) Their ids still follow input
+    # order — fetching breaks ties by id, so a batch runs first in, first out — because
+    # they are drawn first and handed out smallest first to the first input row.
     order = (source.c.unique_key, source.c.ord) if unique else (source.c.ord,)
     rows_select = select(*values).order_by(*order)
+    if numbered:
+        drawn = (
+            select(func.nextval(_ID_SEQUENCE).label("id"))
+            .select_from(source)
+            .cte("drawn_ids")
+            .prefix_with("MATERIALIZED")
+        )
+        ranked = select(
+            drawn.c.id, func.row_number().over(order_by=drawn.c.id).label("position")
+        ).subquery("ranked_ids")
+        rows_select = rows_select.add_columns(ranked.c.id).join_from(
+            source, ranked, ranked.c.position == source.c.ord + 1
+        )
+        columns.append("id")
     for cte in ctes:
         # Referencing a data-modifying or locking CTE makes it run before the rows do.
         rows_select = rows_select.where(

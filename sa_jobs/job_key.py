@@ -7,11 +7,14 @@ Graphile's algorithm:
 * ``unsafe_dedupe`` → the existing job, untouched, whatever its state;
 * the holder is running (Graphile: *locked*) → it loses the key and its remaining
   attempts (it finishes, but never runs again), and a new job is created;
-* the holder has failed before (retryable, or discarded with attempts spent) → it is
-  reset (errors cleared, a full set of attempts again) and takes every new value,
-  ``scheduled_at`` included;
-* otherwise it takes every new value — except ``scheduled_at`` under
-  ``preserve_run_at``.
+* the holder failed for good (``discarded``: Graphile's attempts ≥ max_attempts, which
+  its SQL treats like a locked job) → it loses the key, keeping its attempts and errors
+  as a record, and a new job is created;
+* otherwise it is updated in place and takes every new value, its ``revision`` goes up
+  by one, and its retry state is reset as Graphile resets it: ``attempt`` back to 0,
+  ``errors`` cleared, ``max_attempts`` as given. Under ``preserve_run_at`` it keeps its
+  ``scheduled_at`` — unless it has failed before (``attempt > 0``), which always takes
+  the new one.
 
 When both the stored and the new args are JSON arrays they are concatenated instead of
 replaced. A job's key is released when it completes or is cancelled (Graphile deletes
@@ -56,7 +59,7 @@ from sa_jobs.schema import translate_missing_schema
 __all__ = [
     "JOB_KEY_REPLACED_KEY",
     "JobKeyMode",
-    "detach_running_holders",
+    "detach_unavailable_holders",
     "insert_keyed",
     "keyed_upsert",
     "remove_job",
@@ -81,22 +84,29 @@ def rounds(rows: Sequence[dict[str, Any]]) -> list[list[int]]:
     return result
 
 
-def detach_running_holders(source: Any) -> CTE:
-    """Take the keys of this round from running holders: they finish, but never run again.
+def detach_unavailable_holders(source: Any) -> CTE:
+    """Take the keys of this round from holders a new add cannot update in place.
 
-    They lose their remaining attempts (``max_attempts = attempt``), and their metadata
-    records when, so a snooze or a shutdown cannot bring them back either.
+    A running holder finishes, but never runs again: it loses its remaining attempts
+    (``max_attempts = attempt``), and its metadata records when, so a snooze or a
+    shutdown cannot bring it back either. A discarded holder only loses the key.
     """
+    running = Job.state == JobState.RUNNING
+    detached = _detached_values()
     return (
         update(Job)
         .where(
             Job.job_key.in_(select(source.c.job_key)),
             Job.job_key.is_not(None),
-            Job.state == JobState.RUNNING,
+            Job.state.in_([JobState.RUNNING, JobState.DISCARDED]),
         )
-        .values(_detached_values())
+        .values(
+            job_key=null(),
+            max_attempts=case((running, detached["max_attempts"]), else_=Job.max_attempts),
+            metadata_=case((running, detached["metadata_"]), else_=Job.metadata_),
+        )
         .returning(Job.id)
-        .cte("detached_running")
+        .cte("detached_holders")
     )
 
 
@@ -121,7 +131,7 @@ def keyed_upsert(statement: PgInsert, mode: JobKeyMode) -> ReturningInsert[Any]:
             constraint=job_key_index, set_={columns.kind: columns.kind}
         )
     else:
-        failed_before = func.jsonb_array_length(columns.errors) > 0
+        failed_before = columns.attempt > 0
         scheduled_at: Any = excluded.scheduled_at
         if mode is JobKeyMode.PRESERVE_RUN_AT:
             scheduled_at = case((failed_before, excluded.scheduled_at), else_=columns.scheduled_at)
@@ -138,11 +148,13 @@ def keyed_upsert(statement: PgInsert, mode: JobKeyMode) -> ReturningInsert[Any]:
                 ),
                 columns.queue: excluded.queue,
                 columns.priority: excluded.priority,
-                # Graphile resets attempts to 0. We never lower ``attempt`` — a run is
-                # identified by (id, attempt), and a late result of an old run must never
-                # match a new one — so a fresh set of attempts is granted through
-                # max_attempts instead. This also keeps attempts a snooze gave back.
-                columns.max_attempts: func.least(excluded.max_attempts + columns.attempt, 32767),
+                # Graphile always resets the retry state. Runs are fenced by run_count,
+                # which this leaves alone, so a late result of an old run still cannot
+                # complete the updated job.
+                columns.attempt: 0,
+                columns.errors: text("'[]'::jsonb"),
+                columns.max_attempts: excluded.max_attempts,
+                columns.revision: columns.revision + 1,
                 columns.tags: excluded.tags,
                 columns.metadata: excluded["metadata"],
                 columns.scheduled_at: scheduled_at,
@@ -150,14 +162,15 @@ def keyed_upsert(statement: PgInsert, mode: JobKeyMode) -> ReturningInsert[Any]:
                     (scheduled_at > func.now(), JobState.SCHEDULED.value),
                     else_=JobState.AVAILABLE.value,
                 ).cast(job_state_type),
-                columns.errors: case((failed_before, text("'[]'::jsonb")), else_=columns.errors),
                 columns.finalized_at: null(),
             },
             # A holder that a worker started after our snapshot: decline; next round.
             where=columns.state != JobState.RUNNING,
         )
     existed: Any = literal_column("xmax <> 0").label(EXISTED_COLUMN)
-    returning: ReturningInsert[Any] = upsert.returning(*CORE_COLUMNS, columns.job_key, existed)
+    returning: ReturningInsert[Any] = upsert.returning(
+        *CORE_COLUMNS, columns.job_key, columns.revision, existed
+    )
     return returning
 
 

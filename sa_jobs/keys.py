@@ -14,11 +14,11 @@ UTF-8 text, one ``name=value`` line per dimension in this fixed order, joined by
 JSON strings escape newlines, so no value can forge a line.
 
 **args** — the job's stored args JSON object (as the converter wrote it), restricted to
-the fields marked ``sa_jobs.field(unique=True)`` if the class marks any (a nested attrs
-class that marks fields of its own is restricted the same way; a marked field is kept
-whole). The top-level keys are sorted; nested values keep the converter's order (River
-sorts the top level only, and so do we). Serialised compactly: ``separators=(",", ":")``,
-non-ASCII characters as themselves.
+the fields marked ``sa_jobs.field(unique=True)`` if the class marks any. A field holding
+a nested attrs class that marks fields of its own contributes only those, marked or not
+itself; any other marked field is kept whole. The top-level keys are sorted; nested
+values keep the converter's order (River sorts the top level only, and so do we).
+Serialised compactly: ``separators=(",", ":")``, non-ASCII characters as themselves.
 
 **period** — the insert time, or ``scheduled_at`` when given, as whole microseconds
 since the Unix epoch in UTC, floored to a multiple of the period in microseconds. A
@@ -104,10 +104,13 @@ def _marked_fields(args_class: type, flag: str) -> tuple[tuple[str, type | None]
         return None
     plan: list[tuple[str, type | None]] = []
     for field in attrs.fields(args_class):
-        if field.metadata.get(FIELD_METADATA_KEY, {}).get(flag):
-            plan.append((field.name, None))
-        elif isinstance(field.type, type) and _marked_fields(field.type, flag) is not None:
+        marked = field.metadata.get(FIELD_METADATA_KEY, {}).get(flag)
+        if isinstance(field.type, type) and _marked_fields(field.type, flag) is not None:
+            # A nested class that marks fields of its own contributes only those,
+            # whether or not the field holding it is marked (River recurses the same way).
             plan.append((field.name, field.type))
+        elif marked:
+            plan.append((field.name, None))
     return tuple(plan) or None
 
 

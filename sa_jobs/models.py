@@ -22,6 +22,7 @@ from sqlalchemy import (
     Enum,
     Identity,
     Index,
+    Integer,
     LargeBinary,
     MetaData,
     SmallInteger,
@@ -109,6 +110,8 @@ class Job(Base):
     )
     queue: Mapped[str] = mapped_column(Text, server_default=text("'default'::text"))
     priority: Mapped[int] = mapped_column(SmallInteger, server_default=text("1"))
+    #: River's attempt: runs that counted against ``max_attempts`` (a snooze or a
+    #: shutdown gives its attempt back).
     attempt: Mapped[int] = mapped_column(SmallInteger, server_default=text("0"))
     max_attempts: Mapped[int] = mapped_column(SmallInteger, server_default=text("25"))
     errors: Mapped[list[dict[str, Any]]] = mapped_column(JSONB, server_default=text("'[]'::jsonb"))
@@ -125,6 +128,9 @@ class Job(Base):
         DateTime(timezone=True), server_default=func.now()
     )
     finalized_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    #: How many times a worker started this job; never goes down. A run is identified by
+    #: ``(id, run_count)``, so a late result of an earlier run is never written.
+    run_count: Mapped[int] = mapped_column(Integer, server_default=text("0"))
 
     # -- unique jobs (the sa_jobs_unique branch). Deferred: a database without that branch
     # never has these columns selected, so the core works there unchanged.
@@ -159,6 +165,8 @@ class Job(Base):
     #: Graphile Worker's job key: at most one job holds it. Cleared when the job completes
     #: or is cancelled, and taken from a running job that a new add replaces.
     job_key: Mapped[str | None] = mapped_column(Text, deferred=True)
+    #: Graphile's revision: 0 when created, +1 each time an add replaces it in place.
+    revision: Mapped[int] = mapped_column(Integer, server_default=text("0"), deferred=True)
 
     __table_args__ = (
         CheckConstraint("priority BETWEEN 1 AND 4", name="priority"),
@@ -338,7 +346,7 @@ job_key_index = Index(
     postgresql_where=job_table.c.job_key.is_not(None),
 )
 
-_FEATURE_PREFIXES = ("unique_", "sequence_", "job_key")
+_FEATURE_PREFIXES = ("unique_", "sequence_", "job_key", "revision")
 
 #: The boolean every insert statement returns beside the job's columns: true when the
 #: statement met an existing job (a unique duplicate, or a job key's holder).

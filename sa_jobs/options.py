@@ -209,6 +209,8 @@ def _unique_states(value: Iterable[JobState | str] | None) -> frozenset[JobState
         states = frozenset(JobState(state) for state in value)
     except ValueError as exc:
         raise InvalidOptionsError("by_state", str(exc)) from None
+    if not states:
+        return None  # River: an empty list means the default states
     missing = REQUIRED_UNIQUE_STATES - states
     if missing:
         names = ", ".join(sorted(state.value for state in missing))
@@ -220,20 +222,22 @@ def _unique_states(value: Iterable[JobState | str] | None) -> frozenset[JobState
     return states
 
 
-def _positive_duration(option: str) -> Any:
+def _at_least_a_second(option: str) -> Any:
+    """River's ByPeriod and Faktory's unique_for are whole seconds at least."""
+
     def validator(_instance: Any, _attribute: Any, value: Any) -> None:
         if value is None:
             return
         if not isinstance(value, dt.timedelta):
             raise InvalidOptionsError(option, f"must be a timedelta, got {value!r}")
-        if value <= dt.timedelta(0):
-            raise InvalidOptionsError(option, f"must be positive, got {value}")
+        if value < dt.timedelta(seconds=1):
+            raise InvalidOptionsError(option, f"must be at least 1 second, got {value}")
 
     return validator
 
 
 def _ttl(_instance: Any, attribute: Any, value: Any) -> None:
-    _positive_duration("ttl")(_instance, attribute, value)
+    _at_least_a_second("ttl")(_instance, attribute, value)
     if value is not None and value > MAX_TTL:
         raise InvalidOptionsError(
             "ttl", f"{value} is longer than the longest TTL lock, {MAX_TTL.days} days"
@@ -256,21 +260,25 @@ class UniqueOpts:
     Attributes:
         by_args: Include the encoded args — all of them, or only the fields marked
             ``sa_jobs.field(unique=True)`` (nested attrs classes included) if any are.
+            A marked field holding an attrs class that marks fields of its own
+            contributes only those.
         by_period: Include the insert time (or ``scheduled_at``) floored to a multiple of
-            this period, counted from the Unix epoch in UTC.
+            this period, counted from the Unix epoch in UTC. At least 1 second.
         by_queue: Include the queue.
-        by_state: States in which a job blocks duplicates. Default: all but cancelled
-            and discarded. Must include available, pending, running and scheduled.
+        by_state: States in which a job blocks duplicates. Default (also for ``[]``): all
+            but cancelled and discarded, and with a ``ttl`` not completed either. Must
+            include available, pending, running and scheduled.
         exclude_kind: Leave the kind out, so different kinds share keys.
-        ttl: Faktory's ``unique_for``: the job stops blocking duplicates at
-            ``scheduled_at + ttl`` even if it has not finished.
+        ttl: Faktory's ``unique_for``: the job stops blocking duplicates ``ttl`` after
+            the later of its insert and its ``scheduled_at``, even if it has not
+            finished. From 1 second to 365 days.
         until: ``"success"`` (default): the lock follows ``by_state``; ``"start"``: the
             lock is released when the job starts, and a retry never retakes it.
     """
 
     by_args: bool = False
     by_period: dt.timedelta | None = attrs.field(
-        default=None, validator=_positive_duration("by_period")
+        default=None, validator=_at_least_a_second("by_period")
     )
     by_queue: bool = False
     by_state: frozenset[JobState] | None = attrs.field(default=None, converter=_unique_states)
@@ -292,7 +300,18 @@ class UniqueOpts:
 
     @property
     def states(self) -> frozenset[JobState]:
-        return self.by_state if self.by_state is not None else DEFAULT_UNIQUE_STATES
+        """The states in which a job blocks its duplicates.
+
+        ``by_state`` when given. Otherwise River's default — every state but cancelled
+        and discarded — except that with a ``ttl`` a completed job does not block
+        either: Faktory's lock ends "after the TTL or after the job has successfully
+        processed".
+        """
+        if self.by_state is not None:
+            return self.by_state
+        if self.ttl is not None:
+            return DEFAULT_UNIQUE_STATES - {JobState.COMPLETED}
+        return DEFAULT_UNIQUE_STATES
 
 
 # --------------------------------------------------------------------------- sequences
@@ -423,10 +442,6 @@ class InsertOpts:
     sequence: SequenceOpts | None = attrs.field(default=None, validator=_optional(check_sequence))
     job_key: str | None = attrs.field(default=None, validator=_optional(check_job_key))
     job_key_mode: JobKeyMode | None = attrs.field(default=None, converter=_job_key_mode)
-
-    def __attrs_post_init__(self) -> None:
-        if self.job_key_mode is not None and self.job_key is None:
-            raise InvalidOptionsError("job_key_mode", "only means something with a job_key")
 
     def resolve(self, declared: KindDefaults) -> ResolvedInsert:
         """Combine with a kind's declared defaults and the library defaults."""

@@ -39,6 +39,10 @@ _BRANCH_MARKER_COLUMNS = {
     JOB_KEY_BRANCH: "job_key",
 }
 
+#: Columns added by later revisions of a branch: a database without them has the branch,
+#: but not at its head.
+_LATER_COLUMNS = {"run_count": CORE_BRANCH, "revision": JOB_KEY_BRANCH}
+
 #: NOTIFY channels: new due jobs (payload: the queue; sent by the insert trigger the core
 #: migration installs, and by maintenance), and control messages (``{"cancel": id}``).
 INSERT_CHANNEL = "sa_jobs_insert"
@@ -160,6 +164,9 @@ def missing_schema_error(exc: BaseException) -> SchemaMissingError | None:
     if sqlstate in ("42P01", "42704") and "sa_job" in message:
         return SchemaMissingError(CORE_BRANCH, detail)
     if sqlstate == "42703":
+        for column, branch in _LATER_COLUMNS.items():
+            if re.search(rf"(?<![\w]){column}\b", message):
+                return SchemaMissingError(branch, detail, outdated=True)
         for branch, marker in _BRANCH_MARKER_COLUMNS.items():
             prefix = marker.split("_")[0] + "_"
             if re.search(rf"(?<![\w]){re.escape(prefix)}\w*", message):

@@ -60,6 +60,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
     ) from exc
 
 from sa_jobs.args import encode_args
+from sa_jobs.durations import MAX_TTL
 from sa_jobs.keys import key_digest
 from sa_jobs.models import JobState
 from sa_jobs.options import REQUIRED_UNIQUE_STATES, InsertOpts, UniqueOpts
@@ -358,10 +359,11 @@ COMMON_DURATIONS: tuple[dt.timedelta, ...] = (
 
 def durations(
     *,
-    min_value: dt.timedelta = dt.timedelta(microseconds=1),
-    max_value: dt.timedelta = dt.timedelta(days=366),
+    min_value: dt.timedelta = dt.timedelta(seconds=1),
+    max_value: dt.timedelta = MAX_TTL,
 ) -> st.SearchStrategy[dt.timedelta]:
-    """Positive durations (for ``by_period`` and ``ttl``), common ones first.
+    """Durations valid for ``by_period`` and ``ttl`` (1 second to 365 days by default),
+    common ones first.
 
     Raises:
         ValueError: ``min_value`` is not positive or exceeds ``max_value``.
@@ -393,13 +395,14 @@ def unique_states(*, allow_default: bool = True) -> st.SearchStrategy[frozenset[
 
 
 def incomplete_unique_states() -> st.SearchStrategy[list[JobState]]:
-    """``by_state`` lists that leave out at least one required state.
+    """``by_state`` lists that leave out at least one required state (and are not empty:
+    ``[]`` means the default states, as in River).
 
     ``UniqueOpts(by_state=...)`` must refuse each of them with an error naming what is
     missing.
     """
     return (
-        st.sets(st.sampled_from(list(JobState)))
+        st.sets(st.sampled_from(list(JobState)), min_size=1)
         .filter(lambda states: not REQUIRED_UNIQUE_STATES.issubset(states))
         .map(_in_declaration_order)
     )

@@ -12,12 +12,14 @@ from sa_jobs.devdb import Server, throwaway_database
 
 
 @contextlib.contextmanager
-def migrated_database(server: Server, prefix: str, target: str = "heads") -> Iterator[URL]:
-    """A new database on ``server`` migrated to ``target``; dropped on exit."""
+def migrated_database(server: Server, prefix: str, *targets: str) -> Iterator[URL]:
+    """A new database on ``server`` migrated to each of ``targets`` (default ``heads``);
+    dropped on exit."""
     with throwaway_database(server, prefix=prefix) as url:
         engine = create_engine(url)
         try:
-            sa_jobs.migrate(engine, target)
+            for target in targets or ("heads",):
+                sa_jobs.migrate(engine, target)
         finally:
             engine.dispose()
         yield url

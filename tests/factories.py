@@ -16,7 +16,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Engine, delete, func, insert, select
+from sqlalchemy import Connection, Engine, delete, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -25,6 +25,7 @@ from sa_jobs.models import FINAL_STATES, Job, JobState, Leader, WorkerProcess
 __all__ = [
     "FACTORY_KIND",
     "clear_workers_and_leader",
+    "expire_ttl_locks",
     "job_row",
     "leader_row",
     "make_job",
@@ -107,6 +108,19 @@ def make_job(
         values["finalized_at"] = func.now()
     statement = insert(Job).values(**values).returning(Job.id)
     return int(_run(bind, statement)[0][0])
+
+
+def expire_ttl_locks(bind: Bind, job_ids: Sequence[int] | None = None) -> None:
+    """Move the TTL deadline of these jobs' unique locks (all, by default) an hour into
+    the past, as if their time had run out."""
+    statement = (
+        update(Job)
+        .where(Job.unique_expires_at.is_not(None))
+        .values(unique_expires_at=func.now() - dt.timedelta(hours=1))
+    )
+    if job_ids is not None:
+        statement = statement.where(Job.id.in_(list(job_ids)))
+    _run(bind, statement)
 
 
 def make_worker(bind: Bind, worker_id: str, *, heartbeat_at: When = dt.timedelta(0)) -> None:

@@ -159,12 +159,13 @@ class OutcomeWriter:
         delay = outcome.delay if outcome.ending is Ending.FAILED else None
         if delay is None and outcome.job is not None and self._retry_delay is not None:
             delay = self._retry_delay(outcome.job)
+        attempt = outcome.job.attempt if outcome.job is not None else None
         failure = Outcome(
             outcome.job_id,
-            outcome.attempt,
+            outcome.run,
             Ending.FAILED,
             delay=delay if delay is not None else FALLBACK_RETRY_DELAY,
-            error=message_record(outcome.attempt, reason),
+            error=message_record(attempt, reason),
             sequenced=outcome.sequenced,
         )
         try:

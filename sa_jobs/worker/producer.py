@@ -68,6 +68,7 @@ def jobs_fetch_available(*, unique: bool = False, sequence: bool = False) -> Ret
     values: dict[str, Any] = {
         "state": JobState.RUNNING,
         "attempt": Job.attempt + 1,
+        "run_count": Job.run_count + 1,
         "attempted_at": func.now(),
         "attempted_by": func.array_append(
             func.coalesce(Job.attempted_by, text("'{}'::text[]")),

@@ -1,8 +1,11 @@
 """When a failed job runs again.
 
-The default is River's: ``attempt ** 4`` seconds with up to 10% jitter either way
-(1 s, 16 s, 81 s, 4.3 min, ... about 4.5 days for the 24th retry). A policy is anything
-with a ``next_delay(job) -> timedelta`` method; set one per worker or per handler.
+The default is River's: ``(errors + 1) ** 4`` seconds, where ``errors`` is the number of
+errors the job has recorded before this failure, with up to 10% jitter either way (1 s,
+16 s, 81 s, 4.3 min, ... about 4.5 days after 24 errors), capped at 7 days. Counting
+errors rather than attempts means a snooze never makes the next retry wait longer. A
+policy is anything with a ``next_delay(job) -> timedelta`` method; set one per worker or
+per handler.
 
 Whatever a policy answers, :func:`retry_delay` turns it into a delay the database can
 store: a policy that raises, or answers something negative, NaN or not a duration, is
@@ -36,14 +39,14 @@ class RetryPolicy(Protocol):
 
 @attrs.frozen
 class ExponentialRetry:
-    """``attempt ** exponent`` seconds, jittered, capped at ``max_delay``."""
+    """``(recorded errors + 1) ** exponent`` seconds, jittered, capped at ``max_delay``."""
 
     exponent: float = 4.0
     jitter: float = 0.1
     max_delay: dt.timedelta = dt.timedelta(days=7)
 
     def next_delay(self, job: Job) -> dt.timedelta:
-        base = float(max(job.attempt, 1)) ** self.exponent
+        base = float(len(job.errors or ()) + 1) ** self.exponent
         jittered = base * (1 + random.uniform(-self.jitter, self.jitter))
         return min(dt.timedelta(seconds=jittered), self.max_delay)
 

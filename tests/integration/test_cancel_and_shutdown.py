@@ -376,7 +376,8 @@ def test_stop_with_cancel_returns_a_running_async_job_without_spending_an_attemp
     assert took < 2.0  # the task was cancelled; nobody waited out the 5 s grace
     job = get_job(engine, job_id)
     assert job.state is JobState.AVAILABLE
-    assert (job.attempt, job.max_attempts) == (1, 6)  # attempts left: 5 before, 5 after
+    # River: the attempt is given back, max_attempts never changes.
+    assert (job.attempt, job.max_attempts, job.run_count) == (0, 5, 1)
     assert job.errors == []
     assert job.finalized_at is None
 
@@ -420,7 +421,7 @@ def test_stop_with_cancel_asked_while_a_plain_stop_waits_escalates_it(
     assert took < 2.0
     job = get_job(engine, job_id)
     assert job.state is JobState.AVAILABLE
-    assert (job.attempt, job.max_attempts) == (1, 6)
+    assert (job.attempt, job.max_attempts) == (0, 5)
     assert job.errors == []
 
 
@@ -450,7 +451,7 @@ def test_stop_with_cancel_settles_a_sync_handler_that_ignores_it_after_the_grace
     assert took > 0.25  # ... but gave it the grace period
     job = get_job(engine, job_id)
     assert job.state is JobState.AVAILABLE
-    assert (job.attempt, job.max_attempts) == (1, 6)
+    assert (job.attempt, job.max_attempts) == (0, 5)
 
     wait_event(woke_up, "the stuck handler to return", timeout=3)
     time.sleep(0.1)

@@ -159,7 +159,7 @@ def test_complete_in_for_an_attempt_that_was_superseded_by_a_running_rerun_raise
 
     message = str(caught.value)
     assert f"cannot complete job {job_id}" in message
-    assert "running attempt 2, not attempt 1" in message
+    assert "running its run 2, not run 1" in message
     assert effects(engine) == []
     after = get_job(engine, job_id)
     assert (after.state, after.attempt) == (JobState.RUNNING, 2)

@@ -228,7 +228,7 @@ def test_a_holder_completed_mid_statement_leaves_the_key_free(
     rounds.clear()
     with engine.connect() as worker_tx:
         worker_tx.begin()
-        finish_in(worker_tx, [Outcome(started.id, started.attempt, Ending.COMPLETED)])
+        finish_in(worker_tx, [Outcome(started.id, started.run_count, Ending.COMPLETED)])
         adding = InThread(lambda: add(engine, ["e2"]))
         blocked(engine, adding)
         worker_tx.commit()

@@ -145,7 +145,7 @@ def finish(
 ) -> list[tuple[int, JobState]]:
     """Write one run's outcome the way the worker's completer does."""
     with engine.begin() as connection:
-        return finish_in(connection, [Outcome(job.id, job.attempt, ending, delay, error)])
+        return finish_in(connection, [Outcome(job.id, job.run_count, ending, delay, error)])
 
 
 def fail(engine: Engine, job: Job, delay: float = 3600.0) -> None:
@@ -296,13 +296,11 @@ def test_a_locked_job_loses_its_key_and_attempts_and_a_new_job_is_created(
 
 
 @pytest.mark.parametrize("mode", [JobKeyMode.REPLACE, JobKeyMode.PRESERVE_RUN_AT])
-@pytest.mark.parametrize("failed", ["retryable", "discarded"])
 @pytest.mark.parametrize("due", ["now", "later"])
-def test_a_previously_failed_job_is_reset_and_takes_every_new_value(
-    engine: Engine, mode: JobKeyMode, failed: str, due: str
+def test_a_failed_job_still_retrying_is_reset_as_graphile_resets_it(
+    engine: Engine, mode: JobKeyMode, due: str
 ) -> None:
-    make = retryable_job if failed == "retryable" else discarded_job
-    job_id = make(engine, ProcessEvents([1]), priority=2, tags=["old"], metadata={"v": 1})
+    job_id = retryable_job(engine, ProcessEvents([1]), priority=2, tags=["old"], metadata={"v": 1})
     before = row(engine, job_id)
     assert before.attempt == 1 and len(before.errors) == 1
     new_time = db_now(engine) + FAR if due == "later" else None
@@ -320,12 +318,11 @@ def test_a_previously_failed_job_is_reset_and_takes_every_new_value(
     )
     assert result.action is InsertAction.REPLACED
     assert result.job.id == job_id
+    assert result.revision == 1
     after = row(engine, job_id)
-    # Reset: errors cleared and the add's 6 attempts all available again. The attempt
-    # counter itself never goes down (runs are identified by (id, attempt)).
-    assert after.attempt == 1
-    assert after.max_attempts - after.attempt == 6
-    assert after.errors == []
+    # Graphile's reset: attempts back to 0, errors cleared, max_attempts as given.
+    assert (after.attempt, after.max_attempts, after.errors) == (0, 6, [])
+    assert after.revision == 1
     assert after.finalized_at is None
     assert after.kind == "jk_other"
     assert after.args == {"n": 9}
@@ -341,6 +338,38 @@ def test_a_previously_failed_job_is_reset_and_takes_every_new_value(
         assert after.state == JobState.SCHEDULED.value
         assert after.scheduled_at == new_time
     assert job_count(engine) == 1
+
+
+@pytest.mark.parametrize("mode", [JobKeyMode.REPLACE, JobKeyMode.PRESERVE_RUN_AT])
+def test_a_permanently_failed_job_keeps_its_history_and_a_new_job_takes_the_key(
+    engine: Engine, mode: JobKeyMode
+) -> None:
+    # Graphile's SQL counts attempts >= max_attempts as unavailable, like a locked job:
+    # the old row loses its key and a new job is created.
+    job_id = discarded_job(engine, ProcessEvents([1]))
+    before = row(engine, job_id)
+    result = add(engine, ProcessEvents([2]), job_key=KEY, job_key_mode=mode)
+    assert result.action is InsertAction.INSERTED
+    assert result.job.id != job_id
+    assert result.revision == 0
+    old = row(engine, job_id)
+    assert old.state == JobState.DISCARDED.value
+    assert old.job_key is None
+    assert (old.attempt, old.max_attempts, old.errors) == (
+        before.attempt,
+        before.max_attempts,
+        before.errors,
+    )
+    assert old.args == [1]  # no merge into a job that will never run
+    assert holder_of(engine, KEY).id == result.job.id
+    assert row(engine, result.job.id).args == [2]
+
+
+def test_unsafe_dedupe_returns_a_permanently_failed_job_untouched(engine: Engine) -> None:
+    job_id = discarded_job(engine, SendEmail(1))
+    result = add(engine, SendEmail(2), job_key=KEY, job_key_mode="unsafe_dedupe")
+    assert (result.action, result.job.id) == (InsertAction.DEDUPLICATED, job_id)
+    assert row(engine, job_id).state == JobState.DISCARDED.value
 
 
 def test_a_failed_job_merges_array_payloads_when_reset(engine: Engine) -> None:
@@ -671,11 +700,12 @@ def test_a_running_job_cancelled_keeps_its_key_until_its_run_ends(engine: Engine
     assert (ended.state, ended.job_key) == (JobState.CANCELLED.value, None)
 
 
-def test_a_discarded_job_keeps_its_key(engine: Engine) -> None:
+def test_a_discarded_job_keeps_its_key_until_a_new_add(engine: Engine) -> None:
     job_id = discarded_job(engine, SendEmail(1))
-    assert holder_of(engine, KEY).id == job_id
+    assert holder_of(engine, KEY).id == job_id  # remove_job can still find it
     again = add(engine, SendEmail(2), job_key=KEY)
-    assert (again.action, again.job.id) == (InsertAction.REPLACED, job_id)
+    assert again.action is InsertAction.INSERTED
+    assert holder_of(engine, KEY).id == again.job.id
 
 
 def test_the_key_is_universal_across_kinds(engine: Engine) -> None:
@@ -1192,10 +1222,16 @@ def test_keys_of_1_to_512_characters_are_accepted(engine: Engine, length: int) -
 
 
 @pytest.mark.parametrize("path", list(PATHS))
-def test_job_key_mode_without_a_job_key_is_an_error(engine: Engine, path: str) -> None:
-    with Session(engine) as session, pytest.raises(InvalidOptionsError) as caught:
-        PATHS[path](session, {"job_key_mode": JobKeyMode.PRESERVE_RUN_AT})
-    assert caught.value.option == "job_key_mode"
+def test_job_key_mode_without_a_job_key_inserts_a_plain_job(engine: Engine, path: str) -> None:
+    # As Graphile's add_job does: the mode only matters when there is a key.
+    with Session(engine) as session, session.begin():
+        for _ in range(2):
+            made = PATHS[path](session, {"job_key_mode": JobKeyMode.PRESERVE_RUN_AT})
+            if path == "insert_job":
+                session.execute(made)  # type: ignore[call-overload]
+    with engine.connect() as connection:
+        keys = connection.execute(text("SELECT job_key FROM sa_job")).scalars().all()
+    assert len(keys) >= 2 and set(keys) == {None}
 
 
 def test_an_unknown_job_key_mode_is_an_error() -> None:
@@ -1256,9 +1292,10 @@ def test_a_job_key_on_a_sequenced_kind_is_an_error(engine: Engine) -> None:
 
 
 def test_a_replaced_failed_job_runs_again_with_the_new_payload(engine: Engine) -> None:
-    # End to end: a discarded job holding the key comes back to life when the key is added.
+    # End to end: a job that failed and waits for its retry is reset by a new add and
+    # runs again with the merged payload, its attempts counted from zero.
     clear_workers_and_leader(engine)
-    first = add(engine, ProcessEvents([1]), job_key=KEY, max_attempts=1)
+    first = add(engine, ProcessEvents([1]), job_key=KEY, max_attempts=3)
     seen: list[tuple[int, int, list[int]]] = []
     worker = make_worker(engine, retry_policy=AN_HOUR)
 
@@ -1269,29 +1306,48 @@ def test_a_replaced_failed_job_runs_again_with_the_new_payload(engine: Engine) -
             raise Boom("first payload fails")
 
     worker.run_until_idle(timeout=30)
-    assert row(engine, first.job.id).state == JobState.DISCARDED.value
-    again = add(engine, ProcessEvents([2]), job_key=KEY, max_attempts=1)
-    assert (again.action, again.job.id) == (InsertAction.REPLACED, first.job.id)
-    worker = make_worker(engine, retry_policy=AN_HOUR)
-    worker.handler(ProcessEvents)(handle)
+    assert row(engine, first.job.id).state == JobState.RETRYABLE.value
+    again = add(engine, ProcessEvents([2]), job_key=KEY, max_attempts=3)
+    assert (again.action, again.job.id, again.revision) == (InsertAction.REPLACED, first.job.id, 1)
     worker.run_until_idle(timeout=30)
-    # The rerun is attempt 2: attempts only go up, the reset granted a fresh one.
-    assert seen == [(first.job.id, 1, [1]), (first.job.id, 2, [1, 2])]
+    assert seen == [(first.job.id, 1, [1]), (first.job.id, 1, [1, 2])]
     done = row(engine, first.job.id)
-    assert (done.state, done.job_key) == (JobState.COMPLETED.value, None)
+    assert (done.state, done.job_key, done.run_count) == (JobState.COMPLETED.value, None, 2)
+
+
+def test_the_revision_counts_updates_in_place(engine: Engine) -> None:
+    results = [add(engine, SendEmail(n), job_key=KEY) for n in range(4)]
+    assert [r.revision for r in results] == [0, 1, 2, 3]
+    assert len({r.job.id for r in results}) == 1
+    assert row(engine, results[0].job.id).revision == 3
+    other = add(engine, SendEmail(9), job_key="another key")
+    assert other.revision == 0
+    plain = add(engine, SendEmail(9))
+    assert plain.revision is None
+    with Session(engine) as session, session.begin():
+        job = sa_jobs.enqueue(SendEmail(5), job_key=KEY)
+        session.add(job)
+        session.flush()
+        assert job.revision == 4
 
 
 # ------------------------------------------------------------------ the migration branch
 
 
 def test_the_job_key_branch_depends_on_core(pg_server: Server) -> None:
-    # Installing the job_key branch alone brings the core with it.
+    # Installing the job_key branch alone brings the core with it; the code needs the
+    # core at its head as well.
     with throwaway_database(pg_server, prefix="sa_jobs_jk_branch_only") as url:
         engine = create_engine(url)
         try:
             sa_jobs.migrate(engine, f"{JOB_KEY_BRANCH}@head")
             with engine.connect() as connection:
                 assert installed_branches(connection) == {CORE_BRANCH, JOB_KEY_BRANCH}
+            with Session(engine) as session, pytest.raises(SchemaMissingError) as caught:
+                sa_jobs.insert(session, SendEmail(1), job_key=KEY)
+            assert caught.value.outdated and caught.value.branch == CORE_BRANCH
+            assert "is not up to date" in str(caught.value)
+            sa_jobs.migrate(engine, f"{CORE_BRANCH}@head")
             with Session(engine) as session, session.begin():
                 assert sa_jobs.insert(session, SendEmail(1), job_key=KEY).action == "inserted"
                 assert sa_jobs.insert(session, SendEmail(2), job_key=KEY).action == "replaced"
@@ -1403,10 +1459,10 @@ def test_a_replaced_snoozed_job_gets_every_attempt_the_add_asked_for(engine: Eng
     job = start(engine)
     assert finish(engine, job, Ending.SNOOZED, delay=0.0)
     snoozed = row(engine, job.id)
-    assert (snoozed.attempt, snoozed.max_attempts) == (1, 3)
-    add(engine, SendEmail(2), job_key=KEY, max_attempts=2)
+    assert (snoozed.attempt, snoozed.max_attempts) == (0, 2)  # the attempt given back
+    add(engine, SendEmail(2), job_key=KEY, max_attempts=3)
     after = row(engine, job.id)
-    assert after.max_attempts - after.attempt == 2
+    assert (after.attempt, after.max_attempts) == (0, 3)
 
 
 def test_a_late_result_of_a_rescued_run_does_not_complete_the_reset_job(

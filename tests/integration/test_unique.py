@@ -34,7 +34,7 @@ from sa_jobs.schema import CORE_BRANCH, UNIQUE_BRANCH, installed_branches
 from sa_jobs.testing import canonical_unique_key
 from sa_jobs.worker.maintenance.scheduler import UNIQUE_CONFLICT_KEY, Scheduler
 from sa_jobs.worker.producer import fetch_jobs
-from tests.factories import clear_workers_and_leader, job_row
+from tests.factories import clear_workers_and_leader, expire_ttl_locks, job_row
 from tests.integration.worker_helpers import NO_DELAY, make_worker
 
 
@@ -58,7 +58,7 @@ BY_ARGS = UniqueOpts(by_args=True)
 #: by_state without retryable (and without the final states but completed).
 NO_RETRYABLE = UniqueOpts(by_args=True, by_state=REQUIRED_UNIQUE_STATES | {JobState.COMPLETED})
 #: Short enough to wait out, long enough that the next statement runs before it passes.
-SHORT_TTL = dt.timedelta(seconds=0.8)
+SHORT_TTL = dt.timedelta(seconds=1)  # the shortest TTL Faktory (and sa_jobs) allows
 HOUR = dt.timedelta(hours=1)
 
 PATHS = ["enqueue", "insert", "insert_many", "insert_job"]
@@ -144,7 +144,7 @@ def finish(engine: Engine, job: Job, ending: Ending, delay: float | None = None)
     error = {"attempt": job.attempt, "error": "boom"} if ending is Ending.FAILED else None
     with engine.begin() as connection:
         ((_, state),) = connection.execute(
-            jobs_finish([Outcome(job.id, job.attempt, ending, delay=delay, error=error)])
+            jobs_finish([Outcome(job.id, job.run_count, ending, delay=delay, error=error)])
         ).all()
     return state
 
@@ -299,7 +299,8 @@ def test_each_row_of_a_mixed_batch_stores_its_own_lock_settings(engine: Engine) 
         (True, states_bitmask(DEFAULT_UNIQUE_STATES), None, False),
         (True, states_bitmask(NO_RETRYABLE.states), None, False),
         (False, None, None, False),
-        (True, states_bitmask(DEFAULT_UNIQUE_STATES), HOUR, True),
+        # With a ttl a completed job stops blocking (Faktory): completed is left out.
+        (True, states_bitmask(DEFAULT_UNIQUE_STATES - {JobState.COMPLETED}), HOUR, True),
     ]
 
 
@@ -373,6 +374,16 @@ def test_custom_by_state_without_completed_lets_a_new_job_in_after_completion(
     finish(engine, job, Ending.COMPLETED)
     second, skipped = put(engine, "insert", Account(1), unique=opts)
     assert second != first and not skipped
+
+
+def test_an_empty_by_state_means_the_default_states_as_in_river(engine: Engine) -> None:
+    opts = UniqueOpts(by_args=True, by_state=[])
+    assert opts.by_state is None
+    assert opts.states == DEFAULT_UNIQUE_STATES
+    assert UniqueOpts(by_state=[]).is_empty  # nothing else set: no uniqueness, as in River
+    first = add(engine, Account(1), unique=opts)
+    set_state(engine, first, JobState.COMPLETED)  # completed still blocks, as by default
+    assert put(engine, "insert", Account(1), unique=opts) == (first, True)
 
 
 def test_by_state_missing_required_states_is_refused_when_built_naming_them(
@@ -568,35 +579,30 @@ def test_a_ttl_lock_stops_blocking_after_it_expires(engine: Engine, path: str) -
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_a_ttl_counted_from_a_past_scheduled_at_has_already_expired(
-    engine: Engine, path: str
-) -> None:
+def test_a_back_dated_scheduled_at_does_not_shorten_the_ttl_lock(engine: Engine, path: str) -> None:
+    # Faktory counts unique_for from now, or from the scheduled time when that is later.
+    # Counted from a scheduled_at two hours ago, an hour's lock expired before the
+    # insert returned and the duplicate was accepted at once.
     opts = UniqueOpts(by_args=True, ttl=HOUR)
-    two_hours_ago = _in(-2 * HOUR)
-    first, _ = put(engine, path, Account(1), unique=opts, scheduled_at=two_hours_ago)
-    second, skipped = put(engine, path, Account(1), unique=opts)
-    assert second != first and not skipped
-    expires_at = job_row(engine, second).unique_expires_at
-    assert expires_at == job_row(engine, second).scheduled_at + HOUR
+    before = db_now(engine)
+    first, _ = put(engine, path, Account(1), unique=opts, scheduled_at=_in(-2 * HOUR))
+    after = db_now(engine)
+    assert put(engine, path, Account(1), unique=opts) == (first, True)
+    expires_at = job_row(engine, first).unique_expires_at
+    assert before + HOUR <= expires_at <= after + HOUR
 
 
 def test_a_scheduled_jobs_delay_counts_toward_its_ttl(engine: Engine) -> None:
-    opts = UniqueOpts(by_args=True, ttl=dt.timedelta(seconds=0.3))
+    opts = UniqueOpts(by_args=True, ttl=SHORT_TTL)
     scheduled_at = _in(HOUR)
     first = add(engine, Account(1), unique=opts, scheduled_at=scheduled_at)
     row = job_row(engine, first)
     assert row.state is JobState.SCHEDULED
-    assert row.unique_expires_at == scheduled_at + dt.timedelta(seconds=0.3)
-    time.sleep(0.4)  # the TTL alone would have passed; the delay has not
+    assert row.unique_expires_at == scheduled_at + SHORT_TTL
+    time.sleep(SHORT_TTL.total_seconds() + 0.1)  # the TTL alone would have passed
     assert put(engine, "insert", Account(1), unique=opts) == (first, True)
-    # When scheduled_at + ttl has passed (moved into the past here), the lock is gone.
-    with engine.begin() as connection:
-        connection.execute(
-            text(
-                "UPDATE sa_job SET scheduled_at = scheduled_at - interval '2 h', "
-                "unique_expires_at = unique_expires_at - interval '2 h'"
-            )
-        )
+    # When scheduled_at + ttl has passed, the lock is gone.
+    expire_ttl_locks(engine, [first])
     second, skipped = put(engine, "insert", Account(1), unique=opts)
     assert second != first and not skipped
 
@@ -606,12 +612,41 @@ def test_a_ttl_lock_expires_even_while_the_job_is_unfinished(
     engine: Engine, state: JobState
 ) -> None:
     opts = UniqueOpts(by_args=True, ttl=HOUR)
-    first = add(engine, Account(1), unique=opts, scheduled_at=_in(-2 * HOUR))
+    first = add(engine, Account(1), unique=opts)
     set_state(engine, first, state)
+    assert put(engine, "insert", Account(1), unique=opts) == (first, True)
+    expire_ttl_locks(engine, [first])
     second, skipped = put(engine, "insert", Account(1), unique=opts)
     assert second != first and not skipped
     assert job_row(engine, first).state is state
     assert holders(engine) == [second]
+
+
+def test_with_a_ttl_a_completed_job_no_longer_blocks(engine: Engine) -> None:
+    # Faktory: "a second job can be pushed after the TTL or after the first job has
+    # successfully processed".
+    opts = UniqueOpts(by_args=True, ttl=HOUR)
+    first = add(engine, Account(1), unique=opts)
+    set_state(engine, first, JobState.COMPLETED)
+    second, skipped = put(engine, "insert", Account(1), unique=opts)
+    assert second != first and not skipped
+    # Running or retrying, it still holds the lock.
+    set_state(engine, second, JobState.RETRYABLE)
+    assert put(engine, "insert", Account(1), unique=opts) == (second, True)
+
+
+def test_with_a_ttl_an_explicit_by_state_still_decides(engine: Engine) -> None:
+    opts = UniqueOpts(by_args=True, ttl=HOUR, by_state=list(DEFAULT_UNIQUE_STATES))
+    first = add(engine, Account(1), unique=opts)
+    set_state(engine, first, JobState.COMPLETED)
+    assert put(engine, "insert", Account(1), unique=opts) == (first, True)
+
+
+@pytest.mark.parametrize("option", ["ttl", "by_period"])
+def test_a_ttl_or_period_under_a_second_is_refused(option: str) -> None:
+    with pytest.raises(InvalidOptionsError, match="at least 1 second") as caught:
+        UniqueOpts(by_args=True, **{option: dt.timedelta(milliseconds=999)})
+    assert caught.value.option == option
 
 
 def test_a_retrying_job_keeps_its_ttl_lock_until_it_expires(engine: Engine) -> None:

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 import sa_jobs
 from sa_jobs import UniqueOpts
 from sa_jobs.worker.producer import fetch_jobs
+from tests.factories import expire_ttl_locks
 
 T = TypeVar("T")
 
@@ -168,13 +169,11 @@ def test_racing_batches_in_different_orders_do_not_deadlock(engine: Engine) -> N
 
 
 def test_racing_inserters_replace_an_expired_holder_exactly_once(engine: Engine) -> None:
-    # Each key is held by a job whose TTL (from a scheduled_at two hours ago) has passed.
-    two_hours_ago = dt.datetime.now(dt.UTC) - dt.timedelta(hours=2)
+    # Each key is held by a job whose TTL has passed.
     with Session(engine, expire_on_commit=False) as session, session.begin():
-        expired = sa_jobs.insert_many(
-            session, [Account(a) for a in range(KEYS)], unique=TTL, scheduled_at=two_hours_ago
-        )
+        expired = sa_jobs.insert_many(session, [Account(a) for a in range(KEYS)], unique=TTL)
     expired_ids = {result.job.id for result in expired}
+    expire_ttl_locks(engine, list(expired_ids))
     assert sorted(holders_by_account(engine)) == list(range(KEYS))
 
     outcomes = race(engine, racing_inserts(TTL))

@@ -28,6 +28,7 @@ import sa_jobs
 from sa_jobs import InsertManyParams, UniqueOpts
 from sa_jobs.devdb import Server
 from tests.databases import migrated_database
+from tests.factories import expire_ttl_locks
 
 BY_ARGS = UniqueOpts(by_args=True)
 HOUR = dt.timedelta(hours=1)
@@ -57,14 +58,12 @@ def hold_keys(
 ) -> None:
     """Add jobs holding keys first..count-1 (under a TTL if ``ttl``; expired if ``expired``)."""
     unique = UniqueOpts(by_args=True, ttl=ttl)
-    scheduled_at = dt.datetime.now(dt.UTC) - 2 * HOUR if expired else None
-    with Session(engine) as session, session.begin():
-        sa_jobs.insert_many(
-            session,
-            [Account(n) for n in range(first, count)],
-            unique=unique,
-            scheduled_at=scheduled_at,
+    with Session(engine, expire_on_commit=False) as session, session.begin():
+        results = sa_jobs.insert_many(
+            session, [Account(n) for n in range(first, count)], unique=unique
         )
+    if expired:
+        expire_ttl_locks(engine, [result.job.id for result in results])
 
 
 @contextlib.contextmanager
@@ -317,7 +316,8 @@ def test_expired_locks_among_many_held_are_released_and_only_those(engine: Engin
 
 @pytest.fixture(scope="module")
 def unique_0001_url(pg_server: Server) -> Iterator[Any]:
-    with migrated_database(pg_server, "sa_jobs_unique_0001", "sajobs_unique_0001") as url:
+    targets = ("sa_jobs_core@head", "sajobs_unique_0001")
+    with migrated_database(pg_server, "sa_jobs_unique_0001", *targets) as url:
         yield url
 
 
@@ -328,7 +328,6 @@ def test_a_database_without_the_ttl_index_still_releases_expired_locks(
     try:
         with engine.connect() as connection:
             assert not _has_index(connection, "sa_job_unique_ttl_idx")
-        past = dt.datetime.now(dt.UTC) - 2 * HOUR
         ttl = UniqueOpts(by_args=True, ttl=HOUR)
 
         def insert(**options: Any) -> tuple[int, bool]:
@@ -336,7 +335,8 @@ def test_a_database_without_the_ttl_index_still_releases_expired_locks(
                 result = sa_jobs.insert(session, Account(1), unique=ttl, **options)
                 return result.job.id, result.unique_skipped_as_duplicate
 
-        old, _ = insert(scheduled_at=past)  # its lock expired an hour ago
+        old, _ = insert()
+        expire_ttl_locks(engine, [old])  # its lock expired an hour ago
         new, skipped = insert()
         assert new != old and not skipped
         assert insert() == (new, True)

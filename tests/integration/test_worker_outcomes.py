@@ -156,12 +156,16 @@ def test_a_handler_that_raises_leaves_the_job_retryable_with_the_error_recorded(
     assert_due_after(job, 1.0, before, after, jitter=0.1)
 
 
-def test_default_backoff_is_attempt_to_the_fourth_power_with_ten_percent_jitter(
+def test_default_backoff_counts_recorded_errors_to_the_fourth_power_with_ten_percent_jitter(
     engine: Engine,
 ) -> None:
+    # River's policy: (errors + 1) ** 4. A first failure waits 1 s; a job on its fifth
+    # attempt with two earlier errors (snoozed twice) waits 3 ** 4 = 81 s, not 5 ** 4.
     first = add_job(engine, Task(n=1))
-    # A job that already spent two attempts fails its third: 3 ** 4 = 81 s.
-    third = add_raw_job(engine, "outcomes_task", {"n": 3}, attempt=2, max_attempts=5)
+    two_errors = [{"attempt": 1, "error": "E"}, {"attempt": 2, "error": "E"}]
+    fifth = add_raw_job(
+        engine, "outcomes_task", {"n": 3}, attempt=4, max_attempts=9, errors=two_errors
+    )
     worker = make_worker(engine, retry_policy=ExponentialRetry())
 
     @worker.handler(Task)
@@ -172,7 +176,7 @@ def test_default_backoff_is_attempt_to_the_fourth_power_with_ten_percent_jitter(
     worker.run_until_idle()
     after = db_now(engine)
 
-    for job_id, attempt, base in ((first, 1, 1.0), (third, 3, 81.0)):
+    for job_id, attempt, base in ((first, 1, 1.0), (fifth, 5, 81.0)):
         job = get_job(engine, job_id)
         assert (job.state, job.attempt) == (JobState.RETRYABLE, attempt)
         assert job.errors[-1]["error"] == "Boom: Boom"
@@ -281,8 +285,8 @@ def test_a_snoozed_job_is_scheduled_later_without_spending_an_attempt(
 
     job = get_job(engine, job_id)
     assert job.state is JobState.SCHEDULED
-    assert job.attempt == 1
-    assert job.max_attempts == 6  # attempts left unchanged: 5 before the run, 5 after
+    # River: a snooze gives its attempt back; max_attempts never changes.
+    assert (job.attempt, job.max_attempts, job.run_count) == (0, 5, 1)
     assert job.errors == []
     assert job.finalized_at is None
     assert_due_after(job, 30.0, before, after)
@@ -294,23 +298,24 @@ def test_a_snooze_gives_back_the_attempt_so_a_later_failure_is_still_retried(
     # Two attempts allowed. Snooze, fail, succeed: without the attempt given back by the
     # snooze, the failure on attempt 2 would discard the job.
     job_id = add_job(engine, Task(n=1), max_attempts=2)
-    calls: list[int] = []
+    calls: list[tuple[int, int]] = []
     worker = make_worker(engine, retry_policy=NO_DELAY)
 
     @worker.handler(Task)
     def handle(job: Job) -> None:
-        calls.append(job.attempt)
-        if job.attempt == 1:
+        calls.append((job.run_count, job.attempt))
+        if job.run_count == 1:
             raise JobSnooze(0)
-        if job.attempt == 2:
+        if job.run_count == 2:
             raise Boom("after the snooze")
 
     worker.run_until_idle()
 
     job = get_job(engine, job_id)
-    assert calls == [1, 2, 3]
-    assert (job.state, job.attempt, job.max_attempts) == (JobState.COMPLETED, 3, 3)
-    assert [e["attempt"] for e in job.errors] == [2]
+    # The run after the snooze has the attempt the snoozed one had: 1.
+    assert calls == [(1, 1), (2, 1), (3, 2)]
+    assert (job.state, job.attempt, job.max_attempts) == (JobState.COMPLETED, 2, 2)
+    assert [e["attempt"] for e in job.errors] == [1]
 
 
 def test_a_handler_raising_JobCancel_cancels_the_job_for_good(engine: Engine) -> None:

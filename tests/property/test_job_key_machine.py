@@ -18,13 +18,14 @@ key:
 * ``unsafe_dedupe`` → the holder, untouched;
 * the holder is running → it loses the key, ``max_attempts = attempt``, and a new job is
   created; if it then fails, snoozes or is returned it is discarded;
-* the holder failed before (it has errors) → errors cleared, every new value,
-  ``scheduled_at`` included;
-* otherwise every new value, except ``scheduled_at`` under ``preserve_run_at``.
+* the holder is discarded (failed for good) → it loses the key, nothing else, and a new
+  job is created;
+* otherwise it is updated in place (``revision + 1``) with Graphile's reset — attempt 0,
+  errors cleared, the add's ``max_attempts`` — and every new value, ``scheduled_at``
+  too except under ``preserve_run_at`` for a job that has not failed (attempt 0).
 
-In both cases ``attempt`` is kept (a run is identified by ``(id, attempt)``, so it never
-goes down) and the add's ``max_attempts`` is granted on top of it: ``max_attempts =
-add.max_attempts + attempt`` — the job has exactly the attempts the add asked for.
+A snooze or a shutdown gives the attempt back (River); ``max_attempts`` never changes on
+its own. A job that ends (completed, cancelled, discarded) keeps its ``scheduled_at``.
 
 Both array payloads → concatenated; otherwise replaced.
 
@@ -174,6 +175,8 @@ class ModelJob:
     key: str | None
     attempt: int = 0
     errors: int = 0
+    revision: int = 0
+    runs: int = 0  # run_count
     replaced: bool = False  # metadata job_key_replaced_at
     cancel_requested: bool = False  # metadata cancel_attempted_at
 
@@ -212,7 +215,11 @@ class Model:
             holder.max_attempts = holder.attempt
             holder.replaced = True
             return InsertAction.INSERTED, NEW
-        failed = holder.errors > 0
+        if holder.state is JobState.DISCARDED:
+            event("add: discarded holder detached")
+            holder.key = None
+            return InsertAction.INSERTED, NEW
+        failed = holder.attempt > 0
         event(f"add: {add.mode.value} of a {holder.state.value}{' failed' if failed else ''} job")
         if isinstance(holder.args, list) and add.array:
             holder.args = [*holder.args, *add.payload]
@@ -220,12 +227,12 @@ class Model:
         else:
             holder.args = add.payload
         holder.kind = add.kind
-        # attempt is never lowered; the add's attempts are granted on top of it.
-        holder.max_attempts = min(add.max_attempts + holder.attempt, 32767)
+        holder.max_attempts = add.max_attempts
         if failed or add.mode is JobKeyMode.REPLACE:
             holder.when = self.when_of(add)
-        if failed:
-            holder.errors = 0
+        holder.attempt = 0
+        holder.errors = 0
+        holder.revision += 1
         holder.state = JobState.SCHEDULED if holder.when.future else JobState.AVAILABLE
         holder.cancel_requested = False  # the metadata is the new add's
         return InsertAction.REPLACED, holder.id
@@ -245,10 +252,6 @@ class Model:
 
     def finish(self, job: ModelJob, ending: Ending, delay: float | None) -> None:
         """jobs_finish's rules, in its order."""
-        if ending in (Ending.SNOOZED, Ending.RETURNED) and job.max_attempts < 32767:
-            job.max_attempts += 1
-        if delay is not None:
-            job.when = When.now_plus(delay)
         if ending is Ending.FAILED:
             job.errors += 1
         if ending is Ending.COMPLETED:
@@ -267,6 +270,11 @@ class Model:
             job.state = JobState.RETRYABLE
         if job.state in (JobState.COMPLETED, JobState.CANCELLED):
             job.key = None
+        runs_again = job.state in (JobState.SCHEDULED, JobState.AVAILABLE, JobState.RETRYABLE)
+        if delay is not None and runs_again:
+            job.when = When.now_plus(delay)
+        if ending in (Ending.SNOOZED, Ending.RETURNED) and runs_again:
+            job.attempt -= 1
         event(f"finish: {ending.value} -> {job.state.value}")
 
 
@@ -352,7 +360,8 @@ class JobKeysMachine(RuleBasedStateMachine):
         assert job.id in startable, f"started job {job.id}, a {job.state.value} one"
         job.state = JobState.RUNNING
         job.attempt += 1
-        assert fetched[0].attempt == job.attempt
+        job.runs += 1
+        assert (fetched[0].attempt, fetched[0].run_count) == (job.attempt, job.runs)
         event("start")
         return job
 
@@ -412,7 +421,7 @@ class JobKeysMachine(RuleBasedStateMachine):
     def finish(self, job: ModelJob, ending: Ending, delay: float | None = None) -> None:
         error = {"attempt": job.attempt, "error": "machine"} if ending is Ending.FAILED else None
         with self.engine.begin() as connection:
-            changed = finish_in(connection, [Outcome(job.id, job.attempt, ending, delay, error)])
+            changed = finish_in(connection, [Outcome(job.id, job.runs, ending, delay, error)])
         assert [job_id for job_id, _ in changed] == [job.id]
         self.model.finish(job, ending, delay)
         assert changed[0][1] is job.state
@@ -519,6 +528,8 @@ class JobKeysMachine(RuleBasedStateMachine):
                 row.max_attempts,
                 len(row.errors),
                 row.job_key,
+                row.revision,
+                row.run_count,
                 JOB_KEY_REPLACED_KEY in row.metadata,
                 CANCEL_ATTEMPTED_KEY in row.metadata,
                 row.finalized_at is not None,
@@ -531,6 +542,8 @@ class JobKeysMachine(RuleBasedStateMachine):
                 job.max_attempts,
                 job.errors,
                 job.key,
+                job.revision,
+                job.runs,
                 job.replaced,
                 job.cancel_requested,
                 job.state in FINAL,

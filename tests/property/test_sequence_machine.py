@@ -203,6 +203,7 @@ class SequenceMachine(RuleBasedStateMachine):
 
     def _end_run(self, job: ModelJob, ending: Ending) -> None:
         with self.engine.begin() as connection:
+            # The machine never snoozes or returns a job, so its attempt is its run count.
             changed = finish_in(connection, [Outcome(job.id, job.attempt, ending, delay=0.0)])
         if ending is Ending.COMPLETED:
             job.state = JobState.COMPLETED

@@ -461,6 +461,7 @@ class UniqueJobsMachine(RuleBasedStateMachine):
         error = {"attempt": job.attempt, "error": "machine"} if ending is Ending.FAILED else None
         with self.engine.begin() as connection:
             changed = connection.execute(
+                # The machine never snoozes or returns a job, so its attempt is its run count.
                 jobs_finish([Outcome(job_id, job.attempt, ending, delay=seconds, error=error)])
             ).all()
         assert len(changed) == 1

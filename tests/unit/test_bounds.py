@@ -25,8 +25,16 @@ from sa_jobs.worker.watchdog import Watchdog
 UTC = dt.UTC
 
 
-def a_job(job_id: int = 1, attempt: int = 1, kind: str = "bounds") -> Job:
-    return Job(id=job_id, kind=kind, attempt=attempt, max_attempts=25, args_json={})
+def a_job(job_id: int = 1, attempt: int = 1, kind: str = "bounds", errors: int = 0) -> Job:
+    return Job(
+        id=job_id,
+        kind=kind,
+        attempt=attempt,
+        run_count=attempt,
+        max_attempts=25,
+        args_json={},
+        errors=[{"attempt": n, "error": "E"} for n in range(errors)],
+    )
 
 
 @sa_jobs.job_args(kind="bounds", registry=sa_jobs.KindRegistry())
@@ -153,15 +161,25 @@ def test_a_retry_policy_past_the_maximum_is_clamped() -> None:
 def test_a_misbehaving_retry_policy_falls_back_to_the_default_and_says_why(
     answer: Any, says: str
 ) -> None:
-    delay, note = retry_delay(Answers(answer), a_job(attempt=2))
+    delay, note = retry_delay(Answers(answer), a_job(attempt=2, errors=1))
     assert note is not None
     assert says in note
     assert "the default backoff was used" in note
-    assert 16 * 0.9 <= delay <= 16 * 1.1  # the default: attempt ** 4, jittered
+    assert 16 * 0.9 <= delay <= 16 * 1.1  # the default: (errors + 1) ** 4, jittered
 
 
-def test_the_default_policy_is_attempt_to_the_fourth() -> None:
-    assert retry_delay(DEFAULT_RETRY_POLICY, a_job(attempt=3))[0] == pytest.approx(81, rel=0.11)
+@pytest.mark.parametrize(
+    ("attempt", "errors", "seconds"),
+    [(1, 0, 1), (2, 0, 1), (2, 1, 16), (5, 2, 81), (9, 3, 256)],
+    ids=["first", "after-a-snooze", "second-error", "attempt-5-two-errors", "four"],
+)
+def test_the_default_policy_counts_errors_like_river(
+    attempt: int, errors: int, seconds: float
+) -> None:
+    # River: (len(errors) + 1) ** 4, not attempt ** 4: a job snoozed once that then fails
+    # for the first time waits 1 s, not 16 s; attempt 5 with 2 errors waits 81 s, not 625.
+    job = a_job(attempt=attempt, errors=errors)
+    assert retry_delay(DEFAULT_RETRY_POLICY, job)[0] == pytest.approx(seconds, rel=0.11)
     assert isinstance(DEFAULT_RETRY_POLICY, ExponentialRetry)
 
 

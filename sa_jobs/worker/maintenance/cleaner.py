@@ -5,9 +5,10 @@ from __future__ import annotations
 import datetime as dt
 
 import attrs
-from sqlalchemy import Connection, delete, func, literal, select
+from sqlalchemy import Connection, delete, func, select
 
 from sa_jobs.models import Job, JobState, WorkerProcess
+from sa_jobs.sql import seconds_interval
 
 __all__ = ["Cleaner", "Retention"]
 
@@ -22,7 +23,7 @@ class Retention:
 
 
 def _older_than(age: dt.timedelta) -> object:
-    return func.now() - func.make_interval(0, 0, 0, 0, 0, 0, literal(age.total_seconds()))
+    return func.now() - seconds_interval(age.total_seconds())
 
 
 class Cleaner:

@@ -7,10 +7,11 @@ resigns at once so a successor need not wait.
 
 from __future__ import annotations
 
-from sqlalchemy import Connection, case, delete, func, literal
+from sqlalchemy import Connection, case, delete, func
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from sa_jobs.models import Leader
+from sa_jobs.sql import seconds_interval
 
 __all__ = ["LeaderElection"]
 
@@ -24,7 +25,7 @@ class LeaderElection:
 
     def run_once(self, connection: Connection) -> int:
         """Take or renew the lease; returns 1 while this process leads, else 0."""
-        expires = func.now() + func.make_interval(0, 0, 0, 0, 0, 0, literal(self.ttl))
+        expires = func.now() + seconds_interval(self.ttl)
         claim = pg_insert(Leader).values(
             name=LEADER_NAME, leader_id=self.worker_id, elected_at=func.now(), expires_at=expires
         )

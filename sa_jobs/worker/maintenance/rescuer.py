@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import Connection, Select, and_, exists, func, literal, select
+from sqlalchemy import Connection, Select, and_, exists, func, select
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import ColumnElement
 
@@ -27,16 +27,13 @@ from sa_jobs.complete import Ending, Outcome, finish_in
 from sa_jobs.error_records import message_record
 from sa_jobs.models import Job, JobState, WorkerProcess
 from sa_jobs.sequence import lock_sequences_of_jobs
+from sa_jobs.sql import seconds_interval
 from sa_jobs.worker.retry import DEFAULT_RETRY_POLICY, retry_delay
 
 __all__ = ["Rescuer", "jobs_orphaned"]
 
 #: ``(delay in seconds, note)`` for a job whose attempt failed; see Worker.retry_delay_for.
 RetryDelay = Callable[[Job], tuple[float, str | None]]
-
-
-def _seconds(value: object) -> object:
-    return func.make_interval(0, 0, 0, 0, 0, 0, value)
 
 
 def _orphaned(
@@ -47,7 +44,7 @@ def _orphaned(
     if own is None:
         alive = exists().where(
             WorkerProcess.id == last_worker,
-            WorkerProcess.heartbeat_at > func.now() - _seconds(literal(rescue_after)),
+            WorkerProcess.heartbeat_at > func.now() - seconds_interval(rescue_after),
         )
         lost: ColumnElement[bool] = ~alive
     else:
@@ -55,7 +52,7 @@ def _orphaned(
         lost = and_(last_worker == worker_id, Job.id.not_in(list(held)))
     return [
         Job.state == JobState.RUNNING,
-        Job.attempted_at < func.now() - _seconds(literal(rescue_after)),
+        Job.attempted_at < func.now() - seconds_interval(rescue_after),
         lost,
     ]
 
