@@ -13,18 +13,12 @@ from sa_jobs.control import cancel_job, retry_job
 from sa_jobs.convert import ArgsConverter
 from sa_jobs.enqueue import enqueue
 from sa_jobs.errors import SaJobsError
-from sa_jobs.insert import (
-    InsertAction,
-    InsertManyParams,
-    InsertResult,
-    insert,
-    insert_job,
-    insert_many,
-)
+from sa_jobs.insert import InsertManyParams, InsertResult, insert, insert_job, insert_many
 from sa_jobs.job_key import RemoveOutcome, remove_job
-from sa_jobs.models import Job, JobState, metadata
+from sa_jobs.models import Job, metadata
 from sa_jobs.options import InsertOpts, JobKeyMode, SequenceOpts, UniqueOpts
 from sa_jobs.schema import downgrade, migrate
+from sa_jobs.states import InsertAction, JobState
 from sa_jobs.worker import ExponentialRetry, MaintenanceConfig, Retention, RetryPolicy, Worker
 
 __all__ = [

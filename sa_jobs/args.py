@@ -22,8 +22,18 @@ from typing import Any, TypeVar, dataclass_transform
 
 import attrs
 
-from sa_jobs.convert import ArgsConverter, default_converter, unstorable_text
+from sa_jobs.convert import ArgsConverter, default_converter
 from sa_jobs.errors import DuplicateKindError, InvalidJobArgsError, UnknownKindError
+from sa_jobs.jsonvalue import unstorable_text
+from sa_jobs.options import (
+    UNSET,
+    KindDefaults,
+    SequenceOpts,
+    UniqueOpts,
+    check_tags,
+    check_timeout,
+    validate_kind_defaults,
+)
 
 __all__ = [
     "JobKind",
@@ -42,34 +52,7 @@ FIELD_METADATA_KEY = "sa_jobs"
 MAX_KIND_LENGTH = 128
 
 
-class _Unset:
-    """Marks an option nobody set (``None`` is a meaningful timeout: no limit)."""
-
-    def __repr__(self) -> str:
-        return "UNSET"
-
-
-UNSET: Any = _Unset()
-
-
 # --------------------------------------------------------------------------- kinds
-
-
-@attrs.frozen
-class KindDefaults:
-    """Per-kind insert defaults declared on the args class.
-
-    ``None`` means "not set here": the call site may set it, otherwise the library
-    default applies (queue ``"default"``, priority 1, 25 attempts, no tags).
-    """
-
-    queue: str | None = None
-    priority: int | None = None
-    max_attempts: int | None = None
-    tags: tuple[str, ...] | None = None
-    timeout: dt.timedelta | object | None = UNSET
-    unique: Any = None
-    sequence: Any = None
 
 
 @attrs.frozen
@@ -194,9 +177,9 @@ def job_args(
     priority: int | None = None,
     max_attempts: int | None = None,
     tags: Iterable[str] | None = None,
-    timeout: dt.timedelta | object | None = UNSET,
-    unique: Any = None,
-    sequence: Any = None,
+    timeout: dt.timedelta | float | None = UNSET,
+    unique: UniqueOpts | None = None,
+    sequence: SequenceOpts | None = None,
     converter: ArgsConverter | None = None,
     registry: KindRegistry | None = None,
     frozen: bool = True,
@@ -224,8 +207,6 @@ def job_args(
             that list (a JSON array) rather than an object: adding a job with the key of
             a job whose payload is also an array concatenates the two.
     """
-    from sa_jobs.options import check_tags, check_timeout, validate_kind_defaults
-
     check_kind_name(kind)
     defaults = KindDefaults(
         queue=queue,

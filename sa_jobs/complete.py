@@ -40,19 +40,13 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.sql.dml import ReturningUpdate
 
 from sa_jobs.errors import JobNotFoundError, JobStateError
-from sa_jobs.models import FINAL_STATES, Job, JobState, job_state_type, json_recordset
+from sa_jobs.models import Job, job_state_type
 from sa_jobs.schema import JOB_KEY_BRANCH, SEQUENCE_BRANCH, branches_of
 from sa_jobs.sequence import advance_sequences, locks_before_update
-from sa_jobs.sql import seconds_interval
+from sa_jobs.sql import json_recordset, seconds_interval
+from sa_jobs.states import CANCEL_ATTEMPTED_KEY, FINAL_STATES, JOB_KEY_REPLACED_KEY, JobState
 
 __all__ = ["Outcome", "complete_in", "jobs_finish"]
-
-#: Set in a job's metadata by ``cancel_job`` on a running job: whatever the run ends as
-#: (short of completing), the job ends ``cancelled``.
-CANCEL_ATTEMPTED_KEY = "cancel_attempted_at"
-#: Set in a job's metadata when a new add took the job key of this (running) job: it
-#: finishes, but never runs again.
-JOB_KEY_REPLACED_KEY = "job_key_replaced_at"
 
 
 class Ending(enum.StrEnum):
@@ -112,13 +106,6 @@ _OUTCOME_COLUMNS = (
 )
 
 
-def jobs_finish(
-    outcomes: Sequence[Outcome], *, sequence: bool = False, job_key: bool = False
-) -> ReturningUpdate[int, JobState]:
-    """:func:`finish_statement` with ``outcomes`` bound, ready to execute."""
-    return _build_finish(sequence=sequence, job_key=job_key, bound=outcomes_json(outcomes))
-
-
 #: The bound parameter of :func:`finish_statement`: the outcomes, as a JSON array.
 OUTCOMES_PARAM = "sa_jobs_outcomes"
 
@@ -127,18 +114,27 @@ def outcomes_json(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
     return [_outcome_json(outcome) for outcome in outcomes]
 
 
+def jobs_finish(
+    outcomes: Sequence[Outcome], *, sequence: bool = False, job_key: bool = False
+) -> ReturningUpdate[int, JobState]:
+    """:func:`finish_statement` with ``outcomes`` bound, ready to execute."""
+    return _build_finish(sequence=sequence, job_key=job_key, outcomes=outcomes_json(outcomes))
+
+
 @functools.cache
 def finish_statement(
     *, sequence: bool = False, job_key: bool = False
 ) -> ReturningUpdate[int, JobState]:
-    """The finish statement, built once; execute it with ``{OUTCOMES_PARAM: [...]}``."""
+    """The statement of :func:`_build_finish`, built once; execute it with
+    ``{OUTCOMES_PARAM: [...]}``."""
     return _build_finish(sequence=sequence, job_key=job_key)
 
 
 def _build_finish(
-    *, sequence: bool = False, job_key: bool = False, bound: Any = None
+    *, sequence: bool, job_key: bool, outcomes: list[dict[str, Any]] | None = None
 ) -> ReturningUpdate[int, JobState]:
-    """One ``UPDATE`` that writes every outcome; returns ``(id, new state)`` of rows it changed.
+    """One ``UPDATE`` that writes every outcome; returns ``(id, new state)`` of rows it
+    changed.
 
     The new state is decided here, with the row in hand: a failure with no attempts left
     is discarded; anything short of completion on a job someone tried to cancel ends
@@ -146,7 +142,7 @@ def _build_finish(
     taken first; follow with :func:`finish_in` or :func:`~sa_jobs.sequence.advance_sequences`.
     With ``job_key``, a job that completes or is cancelled releases its key.
     """
-    source = json_recordset(OUTCOMES_PARAM, _OUTCOME_COLUMNS, "outcome", bound)
+    source = json_recordset(OUTCOMES_PARAM, _OUTCOME_COLUMNS, "outcome", outcomes)
     ending = source.c.ending
     cancel_requested = Job.metadata_.has_key(CANCEL_ATTEMPTED_KEY)
     # A running job whose job key a new add took never runs again, not even by a snooze
@@ -172,7 +168,7 @@ def _build_finish(
     )
     guards = [Job.id == source.c.id, Job.run_count == source.c.run, Job.state == JobState.RUNNING]
     if sequence:
-        ids = json_recordset(OUTCOMES_PARAM, [column("id", BigInteger)], "locking", bound)
+        ids = json_recordset(OUTCOMES_PARAM, [column("id", BigInteger)], "locking", outcomes)
         locks = locks_before_update(select(ids.c.id))
         guards.append(select(func.count()).select_from(locks).scalar_subquery() >= 0)
     statement = (

@@ -14,18 +14,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from sa_jobs import sequence
-from sa_jobs.complete import CANCEL_ATTEMPTED_KEY
 from sa_jobs.errors import JobNotFoundError, JobStateError, UniqueConflictError
-from sa_jobs.models import (
-    FINAL_STATES,
-    Job,
-    JobState,
-    holds_unique_key,
-    job_state_type,
-    job_table,
-    unique_index,
-)
+from sa_jobs.models import Job, holds_unique_key, job_state_type, job_table, unique_index
 from sa_jobs.schema import CONTROL_CHANNEL, JOB_KEY_BRANCH, SEQUENCE_BRANCH, branches_of
+from sa_jobs.states import CANCEL_ATTEMPTED_KEY, FINAL_STATES, JobState
 
 __all__ = ["cancel_job", "retry_job"]
 

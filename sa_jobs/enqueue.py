@@ -16,17 +16,12 @@ from sqlalchemy import event, inspect
 from sqlalchemy.orm import Session, UOWTransaction
 from sqlalchemy.orm.attributes import set_committed_value
 
-from sa_jobs.args import KindDefaults, check_kind_name, default_registry, encode_args
-from sa_jobs.convert import check_json_document
-from sa_jobs.insert import (
-    InsertAction,
-    _job_row,
-    _opts,
-    _row_from,
-    write_rows,
-)
+from sa_jobs.args import encode_args
+from sa_jobs.insert import Returned, write_rows
 from sa_jobs.models import EXISTED_COLUMN, Job
 from sa_jobs.options import InsertOpts
+from sa_jobs.rows import JobRow, insert_opts, row_for, row_of_job
+from sa_jobs.states import InsertAction
 
 __all__ = ["enqueue"]
 
@@ -38,9 +33,9 @@ def enqueue(args: object, opts: InsertOpts | None = None, **options: Any) -> Job
     and a rollback leaves no job. After the flush, ``job.id`` and every column are
     set from the row the database wrote.
     """
-    insert_opts = _opts(opts, options)
+    call_opts = insert_opts(opts, options)
     kind, args_json = encode_args(args)
-    row = _job_row(kind, args_json, insert_opts)
+    row = row_for(kind, args_json, call_opts)
     job = Job(
         kind=row["kind"],
         args_json=row["args"],
@@ -49,11 +44,11 @@ def enqueue(args: object, opts: InsertOpts | None = None, **options: Any) -> Job
         max_attempts=row["max_attempts"],
         tags=row["tags"],
         metadata_=row["metadata"],
-        scheduled_at=insert_opts.scheduled_at,
+        scheduled_at=call_opts.scheduled_at,
     )
     job.remember_args(args)
-    job.__dict__["_sa_jobs_row"] = row
-    job.__dict__["_sa_jobs_order"] = next(_enqueue_order)
+    job.extras.pending_row = row
+    job.extras.order = next(_enqueue_order)
     return job
 
 
@@ -61,26 +56,10 @@ def enqueue(args: object, opts: InsertOpts | None = None, **options: Any) -> Job
 _enqueue_order = itertools.count()
 
 
-def _pending_row(job: Job) -> dict[str, Any]:
-    row = job.__dict__.get("_sa_jobs_row")
-    if row is not None:
-        return dict(row)
-    # A Job built by hand (say, for a kind another service handles): validate its
-    # attributes like any other insert and fill in what it leaves out.
-    opts = InsertOpts(
-        queue=job.queue,
-        priority=job.priority,
-        max_attempts=job.max_attempts,
-        tags=job.tags,
-        metadata=job.metadata_,
-        scheduled_at=job.scheduled_at,
-    )
-    registered = default_registry.get(job.kind) if job.kind in default_registry else None
-    defaults = registered.defaults if registered is not None else KindDefaults()
-    check_kind_name(job.kind)
-    args_json = job.args_json if job.args_json is not None else {}
-    check_json_document(args_json, f"job of kind {job.kind!r}")
-    return _row_from(registered, job.kind, args_json, opts.resolve(defaults))
+def _pending_row(job: Job) -> JobRow:
+    row = job.extras.pending_row
+    # A Job built by hand has no row yet: it is validated like any other insert.
+    return JobRow(**row) if row is not None else row_of_job(job)  # type: ignore[typeddict-item]
 
 
 @event.listens_for(Session, "before_flush")
@@ -89,21 +68,19 @@ def _insert_pending_jobs(session: Session, _flush: UOWTransaction, _objects: Any
     pending = [obj for obj in session.new if isinstance(obj, Job)]
     if not pending:
         return
-    pending.sort(key=lambda job: job.__dict__.get("_sa_jobs_order", -1))
+    pending.sort(key=lambda job: job.extras.order)
     connection = session.connection()
 
-    def run(statement: Any, params: dict[str, Any], _keyed: bool) -> list[Any]:
-        returned = connection.execute(statement, params).mappings()
-        return [_as_result_row(row) for row in returned]
+    def run(statement: Any, params: dict[str, Any], _keyed: bool) -> list[Returned]:
+        rows = connection.execute(statement, params).mappings()
+        return [
+            Returned(row, bool(row[EXISTED_COLUMN]), row.get("job_key"), row.get("revision"))
+            for row in rows
+        ]
 
     written = write_rows(connection, [_pending_row(job) for job in pending], run)
-    for job, (row, action) in zip(pending, written, strict=True):
-        _become_row(session, job, row[0], action)
-
-
-def _as_result_row(mapping: Any) -> tuple[Any, bool, str | None]:
-    # The same shape the ORM paths get: (job columns, existed, job key).
-    return (mapping, bool(mapping[EXISTED_COLUMN]), mapping.get("job_key"))
+    for job, entry in zip(pending, written, strict=True):
+        _become_row(session, job, entry.returned.job, entry.action)
 
 
 def _become_row(session: Session, job: Job, row: Any, action: InsertAction) -> None:
@@ -112,8 +89,8 @@ def _become_row(session: Session, job: Job, row: Any, action: InsertAction) -> N
         if name in row:
             setattr(job, attribute.key, row[name])
     job.unique_skipped_as_duplicate = action is InsertAction.SKIPPED_DUPLICATE
-    job.__dict__["_sa_jobs_insert_action"] = action
-    job.__dict__.pop("_sa_jobs_row", None)
+    job.extras.insert_action = action
+    job.extras.pending_row = None
     state = inspect(job)
     key = Job.__mapper__.identity_key_from_primary_key((job.id,))
     existing = session.identity_map.get(key)

@@ -1,9 +1,9 @@
 """Putting jobs into the table, always inside the caller's transaction.
 
-Every path validates and converts all its rows first (:func:`build_rows`), then sends
+Every path validates and converts all its rows first (:mod:`sa_jobs.rows`), then sends
 them through :func:`write_rows`, which uses the one statement of
-:mod:`sa_jobs.insert_sql`: ``INSERT ... SELECT FROM jsonb_to_recordset(:rows)``, any
-number of rows, one bound parameter, so a batch of 10,000 is one round trip.
+:mod:`sa_jobs.insert_statement`: ``INSERT ... SELECT FROM jsonb_to_recordset(:rows)``,
+any number of rows, one bound parameter, so a batch of 10,000 is one round trip.
 
 * :func:`sa_jobs.enqueue` returns a pending :class:`~sa_jobs.models.Job` for
   ``session.add``; its flush hook (:mod:`sa_jobs.enqueue`) uses :func:`write_rows` too.
@@ -19,72 +19,45 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import datetime as dt
-import enum
 import functools
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
-from sqlalchemy import (
-    Boolean,
-    Connection,
-    Integer,
-    Text,
-    column,
-    select,
-)
+from sqlalchemy import Boolean, Connection, Integer, Text, column, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.sql.dml import Insert
 
-from sa_jobs.args import (
-    JobKind,
-    encode_args,
-)
 from sa_jobs.errors import InvalidOptionsError, SchemaMissingError
-from sa_jobs.insert_sql import (
+from sa_jobs.insert_statement import (
+    build_insert,
+    in_input_order,
     insert_statement,
-    jobs_insert,
     rows_param,
-    statement_shape,
+    shape_of,
 )
 from sa_jobs.job_key import insert_keyed
-from sa_jobs.models import (
-    EXISTED_COLUMN,
-    Job,
-)
-from sa_jobs.options import InsertOpts, JobKeyMode, ResolvedInsert
+from sa_jobs.models import EXISTED_COLUMN, Job
+from sa_jobs.options import InsertOpts, JobKeyMode
+from sa_jobs.rows import JobRow, build_rows, insert_opts
 from sa_jobs.schema import STATEMENT_OPTION, translate_missing_schema
-from sa_jobs.sequence import lock_sequence_keys, sequence_values
-from sa_jobs.unique import (
-    fold_duplicates,
-    unique_values,
-)
+from sa_jobs.sequence import lock_sequence_keys
+from sa_jobs.states import InsertAction
+from sa_jobs.unique import fold_duplicates
 
 __all__ = [
     "InsertManyParams",
     "InsertResult",
+    "Returned",
+    "Written",
     "insert",
     "insert_job",
     "insert_many",
     "write_rows",
 ]
-
-
-class InsertAction(enum.StrEnum):
-    """What an insert did."""
-
-    #: A new job was written.
-    INSERTED = "inserted"
-    #: A unique job already existed; nothing was written.
-    SKIPPED_DUPLICATE = "skipped_duplicate"
-    #: A job key's existing job was replaced (``replace`` or ``preserve_run_at``).
-    REPLACED = "replaced"
-    #: A job key's existing job was returned untouched (``unsafe_dedupe``).
-    DEDUPLICATED = "deduplicated"
 
 
 @attrs.frozen
@@ -117,53 +90,29 @@ class InsertManyParams:
     opts: InsertOpts = attrs.field(factory=InsertOpts)
 
 
-# --------------------------------------------------------------------------- rows
+@attrs.frozen
+class Returned:
+    """One row an insert statement gave back, however the caller read it."""
+
+    #: A :class:`Job` (the ORM paths) or a mapping of the row's columns (the flush hook).
+    job: Any
+    #: The statement met an existing job (a unique duplicate, or a job key's holder).
+    existed: bool
+    job_key: str | None = None
+    revision: int | None = None
 
 
-def _job_row(kind: JobKind, args_json: Any, opts: InsertOpts) -> dict[str, Any]:
-    return _row_from(kind, kind.name, args_json, opts.resolve(kind.defaults))
+@attrs.frozen
+class Written:
+    """What became of one input row."""
+
+    returned: Returned
+    action: InsertAction
 
 
-def _row_from(
-    kind: JobKind | None, kind_name: str, args_json: Any, resolved: ResolvedInsert
-) -> dict[str, Any]:
-    row = {
-        "kind": kind_name,
-        "args": args_json,
-        "queue": resolved.queue,
-        "priority": resolved.priority,
-        "max_attempts": resolved.max_attempts,
-        "tags": list(resolved.tags),
-        "metadata": resolved.metadata,
-        "scheduled_at": _iso(resolved.scheduled_at),
-    }
-    if kind is not None:
-        row.update(unique_values(kind, args_json, resolved, dt.datetime.now(dt.UTC)))
-        row.update(sequence_values(kind, args_json, resolved))
-    if resolved.job_key is not None:
-        row["job_key"] = resolved.job_key
-        row["job_key_mode"] = resolved.job_key_mode.value
-    return row
-
-
-def _iso(value: dt.datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
-def build_rows(items: Iterable[tuple[object, InsertOpts]]) -> list[dict[str, Any]]:
-    """Validate and convert every item before any SQL is sent."""
-    rows = []
-    for args, opts in items:
-        kind, args_json = encode_args(args)
-        rows.append(_job_row(kind, args_json, opts))
-    return rows
-
-
-def lock_sequences_of(connection: Connection, rows: Sequence[dict[str, Any]]) -> None:
-    """Take the advisory locks of the rows' sequences before inserting them."""
-    keys = [row["sequence_key"] for row in rows if row.get("sequence_key")]
-    if keys:
-        connection.execute(lock_sequence_keys(keys))
+#: Executes one insert statement (with its parameters; ``keyed`` for a job-key round)
+#: and returns its rows.
+Run = Callable[[Insert, dict[str, Any], bool], list[Returned]]
 
 
 # --------------------------------------------------------------------------- public paths
@@ -181,7 +130,7 @@ def insert_job(args: object, opts: InsertOpts | None = None, **options: Any) -> 
             a worker starts the existing job mid-statement, which one statement cannot
             do; use :func:`insert` or :func:`enqueue`.
     """
-    rows = build_rows([(args, _opts(opts, options))])
+    rows = build_rows([(args, insert_opts(opts, options))])
     if rows[0].get("job_key") is not None:
         raise InvalidOptionsError(
             "job_key",
@@ -189,7 +138,7 @@ def insert_job(args: object, opts: InsertOpts | None = None, **options: Any) -> 
             "second round when a worker starts the existing job mid-statement; use "
             "sa_jobs.insert() or sa_jobs.enqueue() for job keys",
         )
-    statement = jobs_insert(rows, lock_sequences=True)
+    statement = build_insert(shape_of(rows, lock_sequences=True), rows)
     return statement.execution_options(**{STATEMENT_OPTION: True})
 
 
@@ -200,7 +149,7 @@ def insert(
 
     For an ``AsyncSession``: ``await session.run_sync(sa_jobs.insert, args, ...)``.
     """
-    return insert_many(session, [InsertManyParams(args, _opts(opts, options))])[0]
+    return insert_many(session, [InsertManyParams(args, insert_opts(opts, options))])[0]
 
 
 def insert_many(
@@ -218,30 +167,33 @@ def insert_many(
     the first statement is sent. Duplicates of one unique key in a batch are folded (the
     first wins); repeats of one job key are applied in order, as separate adds would be.
     """
-    shared = _opts(opts, options)
+    shared = insert_opts(opts, options)
     pairs = [
         (item.args, item.opts) if isinstance(item, InsertManyParams) else (item, shared)
         for item in items
     ]
     rows = build_rows(pairs)
 
-    def run(statement: Insert, params: dict[str, Any], keyed: bool) -> list[Any]:
-        return list(session.execute(_as_jobs(statement, keyed), params).all())
+    def run(statement: Insert, params: dict[str, Any], keyed: bool) -> list[Returned]:
+        rows = session.execute(_as_jobs(statement, keyed), params).all()
+        if keyed:
+            return [Returned(job, bool(existed), key, rev) for job, existed, key, rev in rows]
+        return [Returned(job, bool(existed)) for job, existed in rows]
 
     written = write_rows(session.connection(), rows, run, batch_size=batch_size)
-    results = [_result(row, action) for row, action in written]
+    results = [_result(entry) for entry in written]
     _attach_args(results, pairs)
     return results
 
 
-def _result(row: Any, action: InsertAction) -> InsertResult:
-    job: Job = row[0]
-    job.unique_skipped_as_duplicate = action is InsertAction.SKIPPED_DUPLICATE
-    revision = None
-    if len(row) > 3:
-        revision = int(row[3])
+def _result(written: Written) -> InsertResult:
+    job: Job = written.returned.job
+    skipped = written.action is InsertAction.SKIPPED_DUPLICATE
+    job.unique_skipped_as_duplicate = skipped
+    revision = written.returned.revision
+    if revision is not None:
         set_committed_value(job, "revision", revision)
-    return InsertResult(job, job.unique_skipped_as_duplicate, action, revision)
+    return InsertResult(job, skipped, written.action, revision)
 
 
 @functools.cache
@@ -253,20 +205,15 @@ def _as_jobs(statement: Insert, keyed: bool) -> Any:
 
 
 def write_rows(
-    connection: Connection,
-    rows: Sequence[dict[str, Any]],
-    run: Callable[[Insert, dict[str, Any], bool], list[Any]],
-    *,
-    batch_size: int = 10_000,
-) -> list[tuple[Any, InsertAction]]:
+    connection: Connection, rows: Sequence[JobRow], run: Run, *, batch_size: int = 10_000
+) -> list[Written]:
     """Write validated rows in the connection's transaction; one result per row, in order.
 
-    ``run(statement, params, keyed)`` executes a statement and returns its rows as sequences of
-    the job, the ``unique_skipped_as_duplicate`` flag and, for keyed statements, the key.
-    Consecutive rows of one kind of add (plain, unique or sequenced; or keyed with one
-    mode) go together, so ids follow input order.
+    ``run`` executes each statement and reads its rows. Consecutive rows of one kind of
+    add (plain, unique or sequenced; or keyed with one mode) go together, so ids follow
+    input order.
     """
-    results: list[tuple[Any, InsertAction]] = []
+    results: list[Written] = []
     with _noting_aborted_transaction(), translate_missing_schema():
         for mode, group in itertools.groupby(rows, key=_keyed_mode):
             batch = list(group)
@@ -298,66 +245,50 @@ def _noting_aborted_transaction() -> Iterator[None]:
         raise
 
 
-def _keyed_mode(row: dict[str, Any]) -> str | None:
+def _keyed_mode(row: JobRow) -> str | None:
     return row.get("job_key_mode") if row.get("job_key") is not None else None
 
 
 def _write_plain(
-    connection: Connection,
-    rows: Sequence[dict[str, Any]],
-    run: Callable[[Insert, dict[str, Any], bool], list[Any]],
-    batch_size: int,
-) -> list[tuple[Any, InsertAction]]:
+    connection: Connection, rows: Sequence[JobRow], run: Run, batch_size: int
+) -> list[Written]:
     results = []
     for start in range(0, len(rows), batch_size):
         sent, answers = fold_duplicates(rows[start : start + batch_size])
-        lock_sequences_of(connection, sent)
-        shape = statement_shape(sent)
-        returned = run(insert_statement(**shape), rows_param(sent), False)
-        if shape["unique"]:
-            returned = _in_input_order(sent, returned)
+        _lock_sequences_of(connection, sent)
+        shape = shape_of(sent)
+        returned = run(insert_statement(shape), rows_param(sent), False)
+        if shape.unique:
+            returned = in_input_order(sent, returned)
         answered: set[int] = set()
         for answer in answers:
             row = returned[answer]
             # A row folded into an earlier one of the same batch is that one's duplicate.
-            duplicate = bool(row[1]) or answer in answered
+            duplicate = row.existed or answer in answered
             answered.add(answer)
-            results.append(
-                (row, InsertAction.SKIPPED_DUPLICATE if duplicate else InsertAction.INSERTED)
-            )
+            action = InsertAction.SKIPPED_DUPLICATE if duplicate else InsertAction.INSERTED
+            results.append(Written(row, action))
     return results
 
 
-def _in_input_order(sent: Sequence[dict[str, Any]], returned: list[Any]) -> list[Any]:
-    """Undo the statement's key order (see insert_sql): ``unique_key`` ascending, nulls
-    last, then input order. Hex strings of equal length sort as the bytes do."""
-    order = sorted(
-        range(len(sent)),
-        key=lambda i: (sent[i].get("unique_key") is None, sent[i].get("unique_key") or "", i),
-    )
-    by_input: list[Any] = [None] * len(sent)
-    for position, index in enumerate(order):
-        by_input[index] = returned[position]
-    return by_input
+def _lock_sequences_of(connection: Connection, rows: Sequence[JobRow]) -> None:
+    """Take the advisory locks of the rows' sequences before inserting them."""
+    keys = [row["sequence_key"] for row in rows if row.get("sequence_key")]
+    if keys:
+        connection.execute(lock_sequence_keys(keys))
 
 
-def _write_keyed(
-    rows: Sequence[dict[str, Any]],
-    mode: JobKeyMode,
-    run: Callable[[Insert, dict[str, Any], bool], list[Any]],
-) -> list[tuple[Any, InsertAction]]:
+def _write_keyed(rows: Sequence[JobRow], mode: JobKeyMode, run: Run) -> list[Written]:
     met = InsertAction.DEDUPLICATED if mode is JobKeyMode.UNSAFE_DEDUPE else InsertAction.REPLACED
     returned = insert_keyed(
         rows,
         mode,
         run_round=lambda batch, m: run(
-            insert_statement(unique=False, sequenced=False, job_key_mode=m),
-            rows_param(batch),
-            True,
+            insert_statement(shape_of([], job_key_mode=m)), rows_param(batch), True
         ),
-        key_of=lambda row: row[2],
+        key_of=lambda row: str(row.job_key),
     )
-    return [(row, met if row[1] else InsertAction.INSERTED) for row in returned]
+    return [Written(row, met if row.existed else InsertAction.INSERTED) for row in returned]
 
 
 def _attach_args(results: Sequence[InsertResult], pairs: Sequence[tuple[object, Any]]) -> None:
@@ -368,11 +299,3 @@ def _attach_args(results: Sequence[InsertResult], pairs: Sequence[tuple[object, 
     for result, (args, _) in zip(results, pairs, strict=True):
         if result.action is InsertAction.INSERTED and uses[id(result.job)] == 1:
             result.job.remember_args(args)
-
-
-def _opts(opts: InsertOpts | None, options: dict[str, Any]) -> InsertOpts:
-    if opts is not None and options:
-        return attrs.evolve(opts, **options)
-    if options:
-        return InsertOpts(**options)
-    return opts if opts is not None else InsertOpts()

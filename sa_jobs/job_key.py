@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import and_, case, delete, func, literal_column, null, select, text, update
 from sqlalchemy.dialects.postgresql import Insert as PgInsert
@@ -42,22 +42,21 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import ReturningInsert
 from sqlalchemy.sql.selectable import CTE
 
-from sa_jobs.complete import JOB_KEY_REPLACED_KEY
 from sa_jobs.errors import SaJobsError
 from sa_jobs.models import (
     CORE_COLUMNS,
     EXISTED_COLUMN,
     Job,
-    JobState,
     job_key_index,
     job_state_type,
     job_table,
 )
 from sa_jobs.options import JobKeyMode, check_job_key
+from sa_jobs.rows import JobRow
 from sa_jobs.schema import translate_missing_schema
+from sa_jobs.states import JOB_KEY_REPLACED_KEY, JobState
 
 __all__ = [
-    "JOB_KEY_REPLACED_KEY",
     "JobKeyMode",
     "detach_unavailable_holders",
     "insert_keyed",
@@ -66,11 +65,13 @@ __all__ = [
     "rounds",
 ]
 
+R = TypeVar("R")
+
 #: Rounds a contended add may take before we give up loudly (never seen in practice).
 MAX_ROUNDS = 1000
 
 
-def rounds(rows: Sequence[dict[str, Any]]) -> list[list[int]]:
+def rounds(rows: Sequence[JobRow]) -> list[list[int]]:
     """Split row positions so no key appears twice in a round (the k-th use of each key
     goes in round k), which applies repeats in order, exactly as separate adds would."""
     seen: dict[str, int] = {}
@@ -179,25 +180,25 @@ class JobKeyContentionError(SaJobsError):
 
 
 def insert_keyed(
-    rows: Sequence[dict[str, Any]],
+    rows: Sequence[JobRow],
     mode: JobKeyMode,
-    run_round: Callable[[Sequence[dict[str, Any]], JobKeyMode], list[Any]],
-    key_of: Callable[[Any], str],
-) -> list[Any]:
+    run_round: Callable[[Sequence[JobRow], JobKeyMode], list[R]],
+    key_of: Callable[[R], str],
+) -> list[R]:
     """Apply keyed adds round by round until every row has a result; results in order.
 
     ``run_round`` executes one round's statement and returns its rows; ``key_of`` reads
     the job key from such a row.
     """
-    results: list[Any] = [None] * len(rows)
+    results: list[R | None] = [None] * len(rows)
     for positions in rounds(rows):
         waiting = list(positions)
         for _ in range(MAX_ROUNDS):
             returned = {key_of(row): row for row in run_round([rows[p] for p in waiting], mode)}
             for position in waiting:
-                row = returned.get(rows[position]["job_key"])
-                if row is not None:
-                    results[position] = row
+                found = returned.get(rows[position]["job_key"])
+                if found is not None:
+                    results[position] = found
             waiting = [p for p in waiting if results[p] is None]
             if not waiting:
                 break
@@ -206,7 +207,7 @@ def insert_keyed(
                 f"job keys {[rows[p]['job_key'] for p in waiting]} were taken by starting "
                 f"workers {MAX_ROUNDS} times in a row; retry the transaction"
             )
-    return results
+    return [result for result in results if result is not None]
 
 
 class RemoveOutcome(enum.StrEnum):

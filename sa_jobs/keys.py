@@ -40,7 +40,7 @@ from typing import Any
 import attrs
 
 from sa_jobs.args import FIELD_METADATA_KEY
-from sa_jobs.convert import dumps
+from sa_jobs.jsonvalue import dumps
 
 __all__ = ["canonical_bytes", "key_digest", "period_start_us"]
 

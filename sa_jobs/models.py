@@ -8,11 +8,11 @@ no difference between the two.
 from __future__ import annotations
 
 import datetime as dt
-import enum
 import functools
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
+import attrs
 from sqlalchemy import (
     DDL,
     BigInteger,
@@ -29,18 +29,18 @@ from sqlalchemy import (
     Table,
     Text,
     and_,
-    bindparam,
     event,
     func,
     text,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, BIT, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
-from sqlalchemy.sql.expression import ColumnClause, ColumnElement, FromClause
+from sqlalchemy.sql.expression import ColumnElement, FromClause
 
 from sa_jobs.args import JobKind, default_registry
+from sa_jobs.states import FINAL_STATES, InsertAction, JobState
 
-__all__ = ["FINAL_STATES", "Base", "Job", "JobState", "Leader", "WorkerProcess", "metadata"]
+__all__ = ["Base", "Job", "Leader", "WorkerProcess", "metadata"]
 
 #: Include this in your Alembic ``target_metadata`` (as a list entry) so autogenerate
 #: knows sa_jobs' tables are expected and leaves them alone.
@@ -59,27 +59,6 @@ class Base(DeclarativeBase):
     metadata = metadata
 
 
-class JobState(enum.StrEnum):
-    """Where a job is in its life.
-
-    ``available`` is due and waiting for a worker; ``scheduled`` waits for its time;
-    ``pending`` waits for something other than time (a sequence); ``running`` is held by a
-    worker; ``retryable`` failed and waits for its next attempt; ``completed``,
-    ``cancelled`` and ``discarded`` (attempts spent) are final.
-    """
-
-    AVAILABLE = "available"
-    SCHEDULED = "scheduled"
-    PENDING = "pending"
-    RUNNING = "running"
-    RETRYABLE = "retryable"
-    COMPLETED = "completed"
-    CANCELLED = "cancelled"
-    DISCARDED = "discarded"
-
-
-FINAL_STATES = frozenset({JobState.COMPLETED, JobState.CANCELLED, JobState.DISCARDED})
-
 job_state_type = Enum(
     JobState,
     name="sa_job_state",
@@ -90,6 +69,44 @@ job_state_type = Enum(
 
 def _state_in(*states: JobState) -> str:
     return "state IN (" + ", ".join(f"'{state.value}'" for state in states) + ")"
+
+
+class Interruptible(Protocol):
+    """What a job sees of the worker's run of it (``sa_jobs.worker.execution.Execution``)."""
+
+    @property
+    def interrupted(self) -> bool: ...
+
+    def raise_if_interrupted(self) -> None: ...
+
+
+#: Marks args not decoded yet (None is a possible decode).
+_NOT_DECODED: Any = object()
+_EXTRAS = "_sa_jobs"
+
+
+@attrs.define
+class JobExtras:
+    """What sa_jobs keeps on a :class:`Job` object beyond its columns (never stored).
+
+    Attributes:
+        args_of: The stored JSON that ``args`` was decoded from (the cache's key).
+        args: The decoded args instance.
+        kind: The kind the worker's handler decodes with (it may carry a converter of its
+            own); the registry's otherwise.
+        execution: The worker's run of this job, while it runs.
+        insert_action: What the flush that inserted this object did.
+        pending_row: An enqueued job's validated row, until its flush.
+        order: When it was enqueued, so a flush inserts in program order.
+    """
+
+    args_of: Any = None
+    args: Any = _NOT_DECODED
+    kind: JobKind | None = None
+    execution: Interruptible | None = None
+    insert_action: InsertAction | None = None
+    pending_row: Mapping[str, Any] | None = None
+    order: int = -1
 
 
 class Job(Base):
@@ -224,31 +241,40 @@ class Job(Base):
     unique_skipped_as_duplicate: bool = False
 
     @property
-    def insert_action(self) -> Any:
-        """After ``session.add(enqueue(...))`` and a flush: what the insert did (an
-        ``sa_jobs.InsertAction``); None for jobs loaded from the database."""
-        return self.__dict__.get("_sa_jobs_insert_action")
+    def extras(self) -> JobExtras:
+        """What sa_jobs keeps on this object beyond its columns (never stored)."""
+        found: JobExtras | None = self.__dict__.get(_EXTRAS)
+        if found is None:
+            # ORM-loaded objects skip __init__, so the holder is made on first use.
+            found = self.__dict__[_EXTRAS] = JobExtras()
+        return found
+
+    @property
+    def insert_action(self) -> InsertAction | None:
+        """After ``session.add(enqueue(...))`` and a flush: what the insert did; None for
+        jobs loaded from the database."""
+        return self.extras.insert_action
 
     @property
     def args(self) -> Any:
         """The job args instance (an instance of the class registered for ``kind``)."""
         stored = self.args_json
-        cached = self.__dict__.get("_sa_jobs_args")
+        extras = self.extras
         # The cache belongs to the stored JSON it was made from: a refresh or a job-key
         # replace brings new JSON, and with it a new decode.
-        if cached is None or cached[0] is not stored:
-            cached = (stored, self.job_kind.decode(stored))
-            self.__dict__["_sa_jobs_args"] = cached
-        return cached[1]
+        if extras.args_of is not stored or extras.args is _NOT_DECODED:
+            extras.args_of, extras.args = stored, self.job_kind.decode(stored)
+        return extras.args
 
     def remember_args(self, args: object) -> None:
         """Record that ``args`` is what :attr:`args_json` decodes to (saves a decode)."""
-        self.__dict__["_sa_jobs_args"] = (self.args_json, args)
+        extras = self.extras
+        extras.args_of, extras.args = self.args_json, args
 
     @property
     def job_kind(self) -> JobKind:
         """The registered :class:`~sa_jobs.args.JobKind` of this job."""
-        kind = self.__dict__.get("_sa_jobs_kind")
+        kind = self.extras.kind
         return kind if kind is not None else default_registry.get(self.kind)
 
     @property
@@ -257,7 +283,7 @@ class Job(Base):
 
         Sync handlers should look at it (or call :meth:`check_cancelled`) between steps.
         """
-        execution = self.__dict__.get("_sa_jobs_execution")
+        execution = self.extras.execution
         return execution is not None and execution.interrupted
 
     def check_cancelled(self) -> None:
@@ -267,7 +293,7 @@ class Job(Base):
             sa_jobs.errors.JobInterruptedError: a subclass saying why (timeout, cancelled,
                 worker shutdown).
         """
-        execution = self.__dict__.get("_sa_jobs_execution")
+        execution = self.extras.execution
         if execution is not None:
             execution.raise_if_interrupted()
 
@@ -366,24 +392,6 @@ RETURNS boolean LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
 $$
 """
 event.listen(job_table, "before_create", DDL(STATE_IN_BITMASK_FUNCTION))  # type: ignore[no-untyped-call]
-
-
-def json_recordset(
-    param: str, columns: Sequence[ColumnClause[Any]], name: str, bound: Any = None
-) -> Any:
-    """``jsonb_to_recordset(:param) AS name(columns...)``: how batch statements take rows.
-
-    With ``bound`` the parameter carries that value (a statement to execute as is);
-    without it the statement is a template, built once, that each execution fills in.
-    """
-    rows = (
-        bindparam(param, bound, type_=JSONB) if bound is not None else bindparam(param, type_=JSONB)
-    )
-    return (
-        func.jsonb_to_recordset(rows)
-        .table_valued(*columns)
-        .render_derived(name=name, with_types=True)
-    )
 
 
 @functools.cache

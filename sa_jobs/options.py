@@ -11,30 +11,38 @@ import datetime as dt
 import enum
 import math
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 
-from sa_jobs.args import UNSET
-from sa_jobs.convert import check_json_document, unstorable_text
 from sa_jobs.durations import MAX_TIMEOUT, MAX_TTL, check_instant
 from sa_jobs.errors import InvalidJobArgsError, InvalidOptionsError
-from sa_jobs.models import JobState
-
-if TYPE_CHECKING:
-    from sa_jobs.args import KindDefaults
+from sa_jobs.jsonvalue import check_json_document, unstorable_text
+from sa_jobs.states import JobState
 
 __all__ = [
     "DEFAULT_MAX_ATTEMPTS",
     "DEFAULT_QUEUE",
     "DEFAULT_UNIQUE_STATES",
     "REQUIRED_UNIQUE_STATES",
+    "UNSET",
     "InsertOpts",
     "JobKeyMode",
+    "KindDefaults",
     "ResolvedInsert",
     "SequenceOpts",
     "UniqueOpts",
 ]
+
+
+class _Unset:
+    """Marks an option nobody set (``None`` is a meaningful timeout: no limit)."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()
 
 DEFAULT_QUEUE = "default"
 DEFAULT_PRIORITY = 1
@@ -406,6 +414,23 @@ def _optional(check: Any) -> Any:
 
 def _tags_or_none(value: Any) -> tuple[str, ...] | None:
     return None if value is None else check_tags(value)
+
+
+@attrs.frozen
+class KindDefaults:
+    """Per-kind insert defaults declared on the args class (``@sa_jobs.job_args``).
+
+    ``None`` means "not set here": the call site may set it, otherwise the library
+    default applies (queue ``"default"``, priority 1, 25 attempts, no tags).
+    """
+
+    queue: str | None = None
+    priority: int | None = None
+    max_attempts: int | None = None
+    tags: tuple[str, ...] | None = None
+    timeout: dt.timedelta | Any | None = UNSET
+    unique: UniqueOpts | None = None
+    sequence: SequenceOpts | None = None
 
 
 @attrs.frozen

@@ -49,9 +49,10 @@ from sqlalchemy.sql.expression import ColumnElement
 
 from sa_jobs.args import JobKind
 from sa_jobs.keys import canonical_args, canonical_bytes, key_digest
-from sa_jobs.models import FINAL_STATES, Job, JobState, job_state_type, job_table
+from sa_jobs.models import Job, job_state_type, job_table
 from sa_jobs.options import ResolvedInsert
 from sa_jobs.schema import INSERT_CHANNEL
+from sa_jobs.states import FINAL_STATES, JobState
 
 __all__ = [
     "advance_sequences",

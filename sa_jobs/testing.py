@@ -62,8 +62,9 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
 from sa_jobs.args import encode_args
 from sa_jobs.durations import MAX_TTL
 from sa_jobs.keys import key_digest
-from sa_jobs.models import JobState
 from sa_jobs.options import REQUIRED_UNIQUE_STATES, InsertOpts, UniqueOpts
+from sa_jobs.rows import insert_opts
+from sa_jobs.states import JobState
 from sa_jobs.unique import unique_key_bytes
 
 __all__ = [
@@ -470,12 +471,8 @@ def canonical_unique_key(
     uses when no ``scheduled_at`` is given (default: the current time). Returns ``None``
     when the job would not be unique. The format is described in :mod:`sa_jobs.keys`.
     """
-    if opts is not None and options:
-        insert_opts = attrs.evolve(opts, **options)
-    else:
-        insert_opts = opts if opts is not None else InsertOpts(**options)
     kind, args_json = encode_args(args)
-    resolved = insert_opts.resolve(kind.defaults)
+    resolved = insert_opts(opts, options).resolve(kind.defaults)
     unique = resolved.unique
     if unique is None or unique.is_empty:
         return None

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 from sqlalchemy import (
     and_,
@@ -35,6 +35,9 @@ from sa_jobs.args import JobKind
 from sa_jobs.keys import canonical_args, canonical_bytes, key_digest, period_start_us
 from sa_jobs.models import Job, holds_ttl_lock, holds_unique_key, job_table, states_bitmask
 from sa_jobs.options import DEFAULT_UNIQUE_STATES, ResolvedInsert, UniqueOpts
+
+#: A row of an insert batch (sa_jobs.rows.JobRow).
+R = TypeVar("R", bound=Mapping[str, Any])
 
 __all__ = ["fold_duplicates", "release_expired_locks", "unique_key_bytes", "unique_values"]
 
@@ -82,14 +85,14 @@ def _lock_values(opts: UniqueOpts) -> tuple[tuple[str, Any], ...]:
     return tuple(values)
 
 
-def fold_duplicates(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int]]:
+def fold_duplicates(rows: Sequence[R]) -> tuple[list[R], list[int]]:
     """Drop later rows whose unique key an earlier row of the batch already has.
 
     PostgreSQL refuses an ``ON CONFLICT DO UPDATE`` that would touch one row twice, and
     the first of several identical requests is the one that should win. Returns the rows
     to send and, for every input row, the index of the sent row that answers it.
     """
-    sent: list[dict[str, Any]] = []
+    sent: list[R] = []
     answer: list[int] = []
     first_with_key: dict[str, int] = {}
     for row in rows:

@@ -20,7 +20,8 @@ from sqlalchemy import Connection, Engine, delete, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.elements import ColumnElement
 
-from sa_jobs.models import FINAL_STATES, Job, JobState, Leader, WorkerProcess
+from sa_jobs.models import Job, Leader, WorkerProcess
+from sa_jobs.states import FINAL_STATES, JobState
 
 __all__ = [
     "FACTORY_KIND",

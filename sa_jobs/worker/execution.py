@@ -93,7 +93,7 @@ class Execution:
         self.stuck = False
         self.counted_stuck = False
         self.slot_held = False
-        job.__dict__["_sa_jobs_execution"] = self
+        job.extras.execution = self
 
     @property
     def timeout(self) -> float | None:
@@ -254,7 +254,7 @@ def _prepare(execution: Execution) -> Handler:
     job = execution.job
     if handler is None:
         raise NoHandlerError(job.kind)
-    job.__dict__["_sa_jobs_kind"] = handler.kind
+    job.extras.kind = handler.kind
     job.remember_args(handler.kind.decode(job.args_json))
     return handler
 

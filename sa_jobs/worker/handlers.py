@@ -22,9 +22,9 @@ import attrs
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from sa_jobs.args import UNSET, JobKind, kind_of
+from sa_jobs.args import JobKind, kind_of
 from sa_jobs.errors import DuplicateHandlerError, InvalidOptionsError, NoHandlerError
-from sa_jobs.options import check_timeout
+from sa_jobs.options import UNSET, check_timeout
 from sa_jobs.worker.retry import RetryPolicy
 
 __all__ = ["Handler", "HandlerRegistry"]

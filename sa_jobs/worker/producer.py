@@ -30,7 +30,8 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import ReturningUpdate
 
 from sa_jobs.error_records import describe
-from sa_jobs.models import CORE_COLUMNS, Job, JobState
+from sa_jobs.models import CORE_COLUMNS, Job
+from sa_jobs.states import JobState
 from sa_jobs.worker.backoff import is_transient
 
 __all__ = ["Producer", "fetch_jobs", "jobs_fetch_available"]

@@ -24,17 +24,17 @@ from typing import Any, Literal, TypeVar
 from sqlalchemy import Engine, exists, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from sa_jobs.args import UNSET
 from sa_jobs.complete import Outcome
 from sa_jobs.errors import InvalidOptionsError, SchemaMissingError
-from sa_jobs.models import Job, JobState
-from sa_jobs.options import check_queue, check_timeout
+from sa_jobs.models import Job
+from sa_jobs.options import UNSET, check_queue, check_timeout
 from sa_jobs.schema import (
     CORE_BRANCH,
     SEQUENCE_BRANCH,
     UNIQUE_BRANCH,
     installed_branches,
 )
+from sa_jobs.states import JobState
 from sa_jobs.worker.aio import ASYNC_DRIVERS, EventLoopThread
 from sa_jobs.worker.completer import BatchCompleter, Completer, InlineCompleter, OutcomeWriter
 from sa_jobs.worker.execution import Execution, Interrupt, run_async, run_sync

@@ -13,7 +13,8 @@ from typing import Any
 
 from sqlalchemy import URL, Engine, select, text
 
-from sa_jobs.models import Job, JobState, WorkerProcess
+from sa_jobs.models import Job, WorkerProcess
+from sa_jobs.states import JobState
 from tests.acceptance.worker_app import RUNS_TABLE
 
 WORKER_APP = Path(__file__).with_name("worker_app.py")

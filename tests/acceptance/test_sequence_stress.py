@@ -23,7 +23,8 @@ from sqlalchemy import URL, Engine, func, select, text
 from sqlalchemy.orm import Session
 
 import sa_jobs
-from sa_jobs.models import Job, JobState, WorkerProcess
+from sa_jobs.models import Job, WorkerProcess
+from sa_jobs.states import JobState
 from tests.acceptance.processes import wait_for
 from tests.acceptance.sequence_worker_app import (
     DDL,

@@ -40,9 +40,10 @@ from sa_jobs import (
     JobState,
     MaintenanceConfig,
 )
-from sa_jobs.complete import JOB_KEY_REPLACED_KEY, Ending, Outcome, finish_in
+from sa_jobs.complete import Ending, Outcome, finish_in
 from sa_jobs.job_key import RemoveOutcome
 from sa_jobs.job_key import rounds as key_rounds
+from sa_jobs.states import JOB_KEY_REPLACED_KEY
 from sa_jobs.worker.producer import jobs_fetch_available
 from tests.factories import clear_workers_and_leader, job_row
 from tests.integration.worker_helpers import make_worker, wait_until

@@ -12,7 +12,8 @@ import psycopg
 import pytest
 from sqlalchemy import URL, Engine, func, select
 
-from sa_jobs.models import Job, JobState
+from sa_jobs.models import Job
+from sa_jobs.states import JobState
 from sa_jobs.worker.maintenance.cleaner import Cleaner, Retention
 from sa_jobs.worker.maintenance.leader import LeaderElection
 from sa_jobs.worker.maintenance.rescuer import Rescuer

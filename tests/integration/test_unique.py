@@ -28,11 +28,12 @@ from sa_jobs.errors import (
     SchemaMissingError,
     UniqueConflictError,
 )
-from sa_jobs.models import FINAL_STATES, states_bitmask
+from sa_jobs.models import states_bitmask
 from sa_jobs.options import DEFAULT_UNIQUE_STATES, REQUIRED_UNIQUE_STATES
 from sa_jobs.schema import CORE_BRANCH, UNIQUE_BRANCH, installed_branches
+from sa_jobs.states import FINAL_STATES, UNIQUE_CONFLICT_KEY
 from sa_jobs.testing import canonical_unique_key
-from sa_jobs.worker.maintenance.scheduler import UNIQUE_CONFLICT_KEY, Scheduler
+from sa_jobs.worker.maintenance.scheduler import Scheduler
 from sa_jobs.worker.producer import fetch_jobs
 from tests.factories import clear_workers_and_leader, expire_ttl_locks, job_row
 from tests.integration.worker_helpers import NO_DELAY, make_worker

@@ -61,9 +61,10 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import InsertAction, InsertManyParams, InsertOpts, JobKeyMode, JobState
-from sa_jobs.complete import CANCEL_ATTEMPTED_KEY, JOB_KEY_REPLACED_KEY, Ending, Outcome, finish_in
+from sa_jobs.complete import Ending, Outcome, finish_in
 from sa_jobs.devdb import Server
 from sa_jobs.job_key import RemoveOutcome
+from sa_jobs.states import CANCEL_ATTEMPTED_KEY, JOB_KEY_REPLACED_KEY
 from sa_jobs.worker.maintenance.scheduler import Scheduler
 from sa_jobs.worker.producer import fetch_jobs
 from tests.databases import migrated_database

@@ -48,8 +48,9 @@ import sa_jobs
 from sa_jobs import InsertManyParams, InsertOpts, JobState, SequenceOpts
 from sa_jobs.complete import Ending, Outcome, finish_in
 from sa_jobs.errors import JobStateError
-from sa_jobs.models import FINAL_STATES, job_table
+from sa_jobs.models import job_table
 from sa_jobs.sequence import SequencePromoter
+from sa_jobs.states import FINAL_STATES
 from sa_jobs.worker.maintenance.scheduler import Scheduler
 from sa_jobs.worker.producer import fetch_jobs
 

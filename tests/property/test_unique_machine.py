@@ -67,7 +67,8 @@ from sa_jobs.devdb import Server
 from sa_jobs.errors import JobStateError, UniqueConflictError
 from sa_jobs.keys import period_start_us
 from sa_jobs.options import REQUIRED_UNIQUE_STATES
-from sa_jobs.worker.maintenance.scheduler import UNIQUE_CONFLICT_KEY, Scheduler
+from sa_jobs.states import UNIQUE_CONFLICT_KEY
+from sa_jobs.worker.maintenance.scheduler import Scheduler
 from sa_jobs.worker.producer import fetch_jobs
 from tests.databases import migrated_database
 

@@ -21,8 +21,8 @@ import pytest
 from sqlalchemy.dialects import postgresql
 
 import sa_jobs
-from sa_jobs.args import FIELD_METADATA_KEY, UNSET, KindDefaults, default_registry, kind_of
-from sa_jobs.convert import ArgsConverter, default_converter, dumps
+from sa_jobs.args import FIELD_METADATA_KEY, default_registry, kind_of
+from sa_jobs.convert import ArgsConverter, default_converter
 from sa_jobs.durations import MAX_TIMEOUT
 from sa_jobs.errors import (
     DuplicateKindError,
@@ -31,7 +31,8 @@ from sa_jobs.errors import (
     SaJobsError,
     UnknownKindError,
 )
-from sa_jobs.options import InsertOpts, ResolvedInsert
+from sa_jobs.jsonvalue import dumps
+from sa_jobs.options import UNSET, InsertOpts, KindDefaults, ResolvedInsert
 from tests.unit import future_annotated_args
 
 # Most classes here go into a private registry so the suite's global registry stays clean.

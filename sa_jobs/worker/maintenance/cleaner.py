@@ -7,8 +7,9 @@ import datetime as dt
 import attrs
 from sqlalchemy import Connection, delete, func, select
 
-from sa_jobs.models import Job, JobState, WorkerProcess
+from sa_jobs.models import Job, WorkerProcess
 from sa_jobs.sql import seconds_interval
+from sa_jobs.states import JobState
 
 __all__ = ["Cleaner", "Retention"]
 

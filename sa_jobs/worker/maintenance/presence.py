@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from sqlalchemy import Connection, delete, func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from sa_jobs.complete import CANCEL_ATTEMPTED_KEY
 from sa_jobs.models import Job, WorkerProcess
+from sa_jobs.states import CANCEL_ATTEMPTED_KEY
 from sa_jobs.worker.maintenance.rescuer import Rescuer
 
 __all__ = ["Presence"]

@@ -25,9 +25,10 @@ from sqlalchemy.sql.expression import ColumnElement
 
 from sa_jobs.complete import Ending, Outcome, finish_in
 from sa_jobs.error_records import message_record
-from sa_jobs.models import Job, JobState, WorkerProcess
+from sa_jobs.models import Job, WorkerProcess
 from sa_jobs.sequence import lock_sequences_of_jobs
 from sa_jobs.sql import seconds_interval
+from sa_jobs.states import JobState
 from sa_jobs.worker.retry import DEFAULT_RETRY_POLICY, retry_delay
 
 __all__ = ["Rescuer", "jobs_orphaned"]

@@ -14,14 +14,12 @@ from typing import Any
 from sqlalchemy import Connection, Select, Text, case, func, literal, null, select, update
 from sqlalchemy import cast as sql_cast
 
-from sa_jobs.models import Job, JobState, holds_unique_key, job_state_type, job_table
+from sa_jobs.models import Job, holds_unique_key, job_state_type, job_table
 from sa_jobs.schema import INSERT_CHANNEL
 from sa_jobs.sequence import advance_sequences
+from sa_jobs.states import UNIQUE_CONFLICT_KEY, JobState
 
-__all__ = ["UNIQUE_CONFLICT_KEY", "Scheduler", "jobs_schedule_due"]
-
-#: Set in the metadata of a job discarded because its unique key was taken meanwhile.
-UNIQUE_CONFLICT_KEY = "unique_key_conflict"
+__all__ = ["Scheduler", "jobs_schedule_due"]
 
 
 def jobs_schedule_due(limit: int, *, unique: bool = False) -> Select[Any]:

@@ -13,6 +13,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 from sqlalchemy import (
     Boolean,
     Float,
@@ -42,18 +43,26 @@ from sa_jobs.models import (
     CORE_COLUMNS,
     EXISTED_COLUMN,
     Job,
-    JobState,
     job_state_type,
-    json_recordset,
     states_bitmask,
     unique_index,
 )
 from sa_jobs.options import DEFAULT_UNIQUE_STATES, JobKeyMode
+from sa_jobs.rows import JobRow
 from sa_jobs.sequence import lock_keys_in, waits_in_sequence
-from sa_jobs.sql import seconds_interval
+from sa_jobs.sql import json_recordset, runs_first, seconds_interval
+from sa_jobs.states import JobState
 from sa_jobs.unique import release_expired_locks, unique_duplicate
 
-__all__ = ["ROWS_PARAM", "insert_statement", "jobs_insert", "rows_param", "statement_shape"]
+__all__ = [
+    "ROWS_PARAM",
+    "InsertShape",
+    "build_insert",
+    "in_input_order",
+    "insert_statement",
+    "rows_param",
+    "shape_of",
+]
 
 # The shape of one element of the :rows parameter; "ord" keeps ids in input order.
 _ROW_COLUMNS = (
@@ -92,104 +101,104 @@ _INSERTED_COLUMNS = (
 )
 
 
-def jobs_insert(
-    rows: Sequence[dict[str, Any]],
-    *,
-    lock_sequences: bool = False,
-    job_key_mode: JobKeyMode | None = None,
-) -> Insert:
-    """The one statement that inserts jobs: any number of rows, one bound parameter.
-
-    ``rows`` come from :func:`build_rows`; rows sharing a unique key must have been
-    folded (:func:`~sa_jobs.unique.fold_duplicates`). The statement returns the core job
-    columns plus ``unique_skipped_as_duplicate``, one row per input row, in order: a
-    unique row that met an existing job returns that job.
-
-    Sequenced rows must be inserted under their sequences' advisory locks: the callers
-    here take them with :func:`~sa_jobs.sequence.lock_sequence_keys` first;
-    ``lock_sequences=True`` takes them inside the statement instead (for
-    :func:`insert_job`), which keeps the one-active-job guarantee but, under contention,
-    may end in a unique violation rather than a waiting job.
-
-    With ``job_key_mode`` every row has a distinct job key and the statement is one
-    round of a keyed add (:mod:`sa_jobs.job_key`): it returns a row only for jobs it
-    inserted or met, plus the ``job_key`` column to match them up.
-
-    A statement without unique, sequenced or keyed rows touches only core columns, so it
-    works on a database that has only the core branch.
-    """
-    return _build_insert(
-        **statement_shape(rows),
-        lock_sequences=lock_sequences,
-        job_key_mode=job_key_mode,
-        bound=rows_param(rows)[ROWS_PARAM],
-    )
+#: The identity sequence of ``sa_job.id`` (PostgreSQL's name for it).
+_ID_SEQUENCE = literal_column("'sa_job_id_seq'", Text)
 
 
 #: The one bound parameter of every insert statement: the rows, as a JSON array.
 ROWS_PARAM = "sa_jobs_rows"
 
 
-def rows_param(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """The parameters for :func:`insert_statement`; ``ord`` keeps ids in input order."""
-    return {ROWS_PARAM: [{"ord": index, **row} for index, row in enumerate(rows)]}
+@attrs.frozen
+class InsertShape:
+    """What decides the statement a batch of rows needs (one statement is built per shape).
 
-
-def statement_shape(rows: Sequence[dict[str, Any]]) -> dict[str, bool]:
-    """Which features the rows use, which decides the statement they need.
-
-    ``numbered``: several unique rows, which go into the table in key order (see
-    :func:`_build_insert`) and so take ids numbered in input order beforehand.
+    Attributes:
+        unique: Some rows have a unique key: ``ON CONFLICT`` against the unique index, and
+            expired TTL locks of their keys are released first.
+        sequenced: Some rows join a sequence: they take its slot or wait ``pending``.
+        numbered: Several unique rows: inserted in key order, ids drawn in input order.
+        lock_sequences: Take the sequences' advisory locks inside the statement (for
+            ``insert_job``, whose caller sends nothing before it).
+        job_key_mode: Every row has a distinct job key; one round of a keyed add.
     """
+
+    unique: bool = False
+    sequenced: bool = False
+    numbered: bool = False
+    lock_sequences: bool = False
+    job_key_mode: JobKeyMode | None = None
+
+
+def shape_of(
+    rows: Sequence[JobRow], *, lock_sequences: bool = False, job_key_mode: JobKeyMode | None = None
+) -> InsertShape:
+    """The shape of the statement that inserts ``rows``."""
     unique = any(row.get("unique_key") for row in rows)
-    return {
-        "unique": unique,
-        "sequenced": any(row.get("sequence_key") for row in rows),
-        "numbered": unique and len(rows) > 1,
-    }
-
-
-@functools.cache
-def insert_statement(
-    *,
-    unique: bool,
-    sequenced: bool,
-    numbered: bool = False,
-    lock_sequences: bool = False,
-    job_key_mode: JobKeyMode | None = None,
-) -> Insert:
-    """The statement for rows of this shape, built once; execute it with
-    :func:`rows_param`."""
-    return _build_insert(
+    return InsertShape(
         unique=unique,
-        sequenced=sequenced,
-        numbered=numbered,
+        sequenced=any(row.get("sequence_key") for row in rows),
+        numbered=unique and len(rows) > 1,
         lock_sequences=lock_sequences,
         job_key_mode=job_key_mode,
     )
 
 
-#: The identity sequence of ``sa_job.id`` (PostgreSQL's name for it).
-_ID_SEQUENCE = literal_column("'sa_job_id_seq'", Text)
+def rows_param(rows: Sequence[JobRow]) -> dict[str, Any]:
+    """The parameters of :func:`insert_statement`; ``ord`` is each row's input position."""
+    return {ROWS_PARAM: [{"ord": index, **row} for index, row in enumerate(rows)]}
 
 
-def _build_insert(
-    *,
-    unique: bool,
-    sequenced: bool,
-    numbered: bool = False,
-    lock_sequences: bool = False,
-    job_key_mode: JobKeyMode | None = None,
-    bound: Any = None,
-) -> Insert:
-    source = json_recordset(ROWS_PARAM, _ROW_COLUMNS, "job_rows", bound)
+def in_input_order(sent: Sequence[JobRow], returned: list[Any]) -> list[Any]:
+    """Put the rows a unique statement returned back in input order.
+
+    The statement inserts unique rows ordered by ``(unique_key, ord)`` (see
+    :func:`insert_statement`) and returns them in that order; hex keys of equal length
+    sort as the bytes do, and rows without a key come last, as PostgreSQL sorts NULLs.
+    """
+    order = sorted(
+        range(len(sent)),
+        key=lambda i: (sent[i].get("unique_key") is None, sent[i].get("unique_key") or "", i),
+    )
+    by_input: list[Any] = [None] * len(sent)
+    for position, index in enumerate(order):
+        by_input[index] = returned[position]
+    return by_input
+
+
+@functools.cache
+def insert_statement(shape: InsertShape) -> Insert:
+    """The INSERT for rows of ``shape``, built once; execute it with :func:`rows_param`."""
+    return build_insert(shape)
+
+
+def build_insert(shape: InsertShape, rows: Sequence[JobRow] | None = None) -> Insert:
+    """The INSERT for rows of ``shape``; with ``rows``, carrying them (for ``insert_job``).
+
+    It returns the core job columns plus ``unique_skipped_as_duplicate``, one row per
+    input row: a unique row that met an existing job returns that job (River's no-op
+    update). With a ``job_key_mode`` it returns a row only for jobs it inserted or met,
+    plus ``job_key`` and ``revision`` to match them up (:mod:`sa_jobs.job_key`).
+
+    Sequenced rows must be inserted under their sequences' advisory locks: the insert
+    paths take them first (:func:`sa_jobs.sequence.lock_sequence_keys`); with
+    ``lock_sequences`` the statement takes them itself, which keeps the one-active-job
+    guarantee but, under contention, may end in a unique violation rather than a
+    waiting job. A statement without unique, sequenced or keyed rows touches only core
+    columns, so it works on a database that has only the core branch.
+    """
+    unique = shape.unique
+    value = rows_param(rows)[ROWS_PARAM] if rows is not None else None
+    source: Any = json_recordset(ROWS_PARAM, _ROW_COLUMNS, "job_rows", value)
     if unique:
         # Releasing expired TTL locks reads the rows' keys as well: parse the JSON once.
         source = select(*source.c).cte("job_rows_parsed").prefix_with("MATERIALIZED")
     due_at = func.coalesce(source.c.scheduled_at, func.now())
     inserted = ~unique_duplicate(source.c.unique_key) if unique else None
     waits = (
-        waits_in_sequence(source.c.sequence_key, source.c.ord, inserted) if sequenced else false()
+        waits_in_sequence(source.c.sequence_key, source.c.ord, inserted)
+        if shape.sequenced
+        else false()
     )
     state = case(
         (waits, JobState.PENDING.value),
@@ -229,7 +238,7 @@ def _build_insert(
         ]
         columns += ["unique_key", "unique_states", "unique_expires_at", "unique_until_start"]
         ctes.append(release_expired_locks(source))
-    if sequenced:
+    if shape.sequenced:
         values += [
             source.c.sequence_key,
             and_(source.c.sequence_key.is_not(None), not_(waits)),
@@ -242,12 +251,12 @@ def _build_insert(
             "sequence_continue_on_cancelled",
             "sequence_continue_on_discarded",
         ]
-        if lock_sequences:
+        if shape.lock_sequences:
             ctes.append(lock_keys_in(source.c.sequence_key).cte("sequence_locks"))
-    if job_key_mode is not None:
+    if shape.job_key_mode is not None:
         values.append(source.c.job_key)
         columns.append("job_key")
-        if job_key_mode is not JobKeyMode.UNSAFE_DEDUPE:
+        if shape.job_key_mode is not JobKeyMode.UNSAFE_DEDUPE:
             ctes.append(detach_unavailable_holders(source))
     # Unique rows go in key order: ON CONFLICT waits on rows one by one, and two batches
     # that met the same keys in different orders would deadlock; a global order cannot.
@@ -256,7 +265,7 @@ def _build_insert(
     # they are drawn first and handed out smallest first to the first input row.
     order = (source.c.unique_key, source.c.ord) if unique else (source.c.ord,)
     rows_select = select(*values).order_by(*order)
-    if numbered:
+    if shape.numbered:
         drawn = (
             select(func.nextval(_ID_SEQUENCE).label("id"))
             .select_from(source)
@@ -271,15 +280,12 @@ def _build_insert(
         )
         columns.append("id")
     for cte in ctes:
-        # Referencing a data-modifying or locking CTE makes it run before the rows do.
-        rows_select = rows_select.where(
-            select(func.count()).select_from(cte).scalar_subquery() >= 0
-        )
+        rows_select = runs_first(rows_select, cte)
     statement = pg_insert(Job).from_select(columns, rows_select)
     for cte in ctes:
         statement = statement.add_cte(cte)
-    if job_key_mode is not None:
-        return keyed_upsert(statement, job_key_mode)
+    if shape.job_key_mode is not None:
+        return keyed_upsert(statement, shape.job_key_mode)
     if not unique:
         return statement.returning(*CORE_COLUMNS, sql_false().label(EXISTED_COLUMN))
     # River's trick: a no-op update makes the existing row come back from RETURNING,

@@ -20,11 +20,12 @@ from sqlalchemy import inspect, select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
-from sa_jobs.cli import add_url_option, engine_from
+from sa_jobs.cli.common import add_url_option, engine_from
 from sa_jobs.control import cancel_job, retry_job
 from sa_jobs.errors import JobNotFoundError
-from sa_jobs.models import FINAL_STATES, Job, JobState
+from sa_jobs.models import Job
 from sa_jobs.schema import translate_missing_schema
+from sa_jobs.states import FINAL_STATES, JobState
 
 __all__ = ["add_commands", "format_job", "format_table"]
 

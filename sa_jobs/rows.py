@@ -1,0 +1,115 @@
+"""From job args and options to one validated row: what every insert path sends.
+
+A :class:`JobRow` is one element of the JSON array the insert statement reads with
+``jsonb_to_recordset`` (:mod:`sa_jobs.insert_statement`). Building it validates and
+converts everything — args, options, unique and sequence keys — so no SQL is sent for
+a batch until every row of it is known to be good.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from typing import Any, TypedDict
+
+import attrs
+
+from sa_jobs.args import JobKind, check_kind_name, default_registry, encode_args
+from sa_jobs.jsonvalue import check_json_document
+from sa_jobs.models import Job
+from sa_jobs.options import InsertOpts, KindDefaults, ResolvedInsert
+from sa_jobs.sequence import sequence_values
+from sa_jobs.unique import unique_values
+
+__all__ = ["JobRow", "build_rows", "insert_opts", "row_for", "row_of_job"]
+
+
+class JobRow(TypedDict, total=False):
+    """One job to insert. Feature fields are present only when the job uses them."""
+
+    kind: str
+    args: Any
+    queue: str
+    priority: int
+    max_attempts: int
+    tags: list[str]
+    metadata: dict[str, Any]
+    #: ISO 8601, or None for "now" (on the database clock).
+    scheduled_at: str | None
+    #: ``\\x``-prefixed hex of the key digest (see sa_jobs.keys).
+    unique_key: str
+    #: Only when they differ from the defaults (the statement fills those in).
+    unique_states: str
+    unique_ttl: float
+    unique_until_start: bool
+    sequence_key: str
+    sequence_continue_on_cancelled: bool
+    sequence_continue_on_discarded: bool
+    job_key: str
+    job_key_mode: str
+
+
+def insert_opts(opts: InsertOpts | None, options: dict[str, Any]) -> InsertOpts:
+    """The options of a call: an ``InsertOpts``, keywords, or both (keywords win)."""
+    if opts is not None and options:
+        return attrs.evolve(opts, **options)
+    if options:
+        return InsertOpts(**options)
+    return opts if opts is not None else InsertOpts()
+
+
+def row_for(kind: JobKind, args_json: Any, opts: InsertOpts) -> JobRow:
+    """The row of one job of a registered kind."""
+    return _row(kind, kind.name, args_json, opts.resolve(kind.defaults))
+
+
+def build_rows(items: Iterable[tuple[object, InsertOpts]]) -> list[JobRow]:
+    """Validate and convert every item before any SQL is sent."""
+    rows = []
+    for args, opts in items:
+        kind, args_json = encode_args(args)
+        rows.append(row_for(kind, args_json, opts))
+    return rows
+
+
+def row_of_job(job: Job) -> JobRow:
+    """The row of a ``Job`` built by hand (say, for a kind another service handles):
+    its attributes are validated like any other insert and defaulted the same way."""
+    opts = InsertOpts(
+        queue=job.queue,
+        priority=job.priority,
+        max_attempts=job.max_attempts,
+        tags=job.tags,
+        metadata=job.metadata_,
+        scheduled_at=job.scheduled_at,
+    )
+    registered = default_registry.get(job.kind) if job.kind in default_registry else None
+    defaults = registered.defaults if registered is not None else KindDefaults()
+    check_kind_name(job.kind)
+    args_json = job.args_json if job.args_json is not None else {}
+    check_json_document(args_json, f"job of kind {job.kind!r}")
+    return _row(registered, job.kind, args_json, opts.resolve(defaults))
+
+
+def _row(kind: JobKind | None, kind_name: str, args_json: Any, resolved: ResolvedInsert) -> JobRow:
+    row: JobRow = {
+        "kind": kind_name,
+        "args": args_json,
+        "queue": resolved.queue,
+        "priority": resolved.priority,
+        "max_attempts": resolved.max_attempts,
+        "tags": list(resolved.tags),
+        "metadata": resolved.metadata,
+        "scheduled_at": _iso(resolved.scheduled_at),
+    }
+    if kind is not None:
+        row.update(unique_values(kind, args_json, resolved, dt.datetime.now(dt.UTC)))  # type: ignore[typeddict-item]
+        row.update(sequence_values(kind, args_json, resolved))  # type: ignore[typeddict-item]
+    if resolved.job_key is not None:
+        row["job_key"] = resolved.job_key
+        row["job_key_mode"] = resolved.job_key_mode.value
+    return row
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
