@@ -41,8 +41,8 @@ from sqlalchemy.sql.dml import ReturningUpdate
 
 from sa_jobs.errors import JobNotFoundError, JobStateError
 from sa_jobs.models import Job, job_state_type
-from sa_jobs.schema import JOB_KEY_BRANCH, SEQUENCE_BRANCH, branches_of
-from sa_jobs.sequence import advance_sequences, locks_before_update
+from sa_jobs.schema import Features
+from sa_jobs.sequence import advance_sequences, lock_keys_of_jobs
 from sa_jobs.sql import json_recordset, seconds_interval
 from sa_jobs.states import CANCEL_ATTEMPTED_KEY, FINAL_STATES, JOB_KEY_REPLACED_KEY, JobState
 
@@ -169,7 +169,8 @@ def _build_finish(
     guards = [Job.id == source.c.id, Job.run_count == source.c.run, Job.state == JobState.RUNNING]
     if sequence:
         ids = json_recordset(OUTCOMES_PARAM, [column("id", BigInteger)], "locking", outcomes)
-        locks = locks_before_update(select(ids.c.id))
+        # Sequence locks before row locks, in the order inserters take them.
+        locks = lock_keys_of_jobs(select(ids.c.id)).cte("sequence_locks")
         guards.append(select(func.count()).select_from(locks).scalar_subquery() >= 0)
     statement = (
         update(Job)
@@ -223,9 +224,9 @@ def _outcome_json(outcome: Outcome) -> dict[str, Any]:
 
 def finish_in(connection: Connection, outcomes: Sequence[Outcome]) -> list[tuple[int, JobState]]:
     """Write outcomes in the connection's transaction, and move sequences on with them."""
-    branches = branches_of(connection)
-    sequence = SEQUENCE_BRANCH in branches and any(o.sequenced is not False for o in outcomes)
-    finish = finish_statement(sequence=sequence, job_key=JOB_KEY_BRANCH in branches)
+    features = Features.of(connection)
+    sequence = features.sequence and any(o.sequenced is not False for o in outcomes)
+    finish = finish_statement(sequence=sequence, job_key=features.job_key)
     rows = connection.execute(finish, {OUTCOMES_PARAM: outcomes_json(outcomes)}).all()
     changed = [(int(job_id), JobState(state)) for job_id, state in rows]
     if sequence:

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from sa_jobs import sequence
 from sa_jobs.errors import JobNotFoundError, JobStateError, UniqueConflictError
 from sa_jobs.models import Job, holds_unique_key, job_state_type, job_table, unique_index
-from sa_jobs.schema import CONTROL_CHANNEL, JOB_KEY_BRANCH, SEQUENCE_BRANCH, branches_of
+from sa_jobs.schema import CONTROL_CHANNEL, Features
 from sa_jobs.states import CANCEL_ATTEMPTED_KEY, FINAL_STATES, JobState
 
 __all__ = ["cancel_job", "retry_job"]
@@ -39,8 +39,8 @@ def cancel_job(session: Session, job_id: int) -> Job:
         JobNotFoundError: no such job.
     """
     connection = session.connection()
-    branches = branches_of(connection)
-    if SEQUENCE_BRANCH in branches:
+    features = Features.of(connection)
+    if features.sequence:
         # Sequence locks before row locks, in the order inserters take them.
         sequence.lock_sequences_of_jobs(connection, [job_id])
     running = Job.state == JobState.RUNNING
@@ -51,7 +51,7 @@ def cancel_job(session: Session, job_id: int) -> Job:
             func.jsonb_build_object(CANCEL_ATTEMPTED_KEY, func.now())
         ),
     }
-    if JOB_KEY_BRANCH in branches:
+    if features.job_key:
         values["job_key"] = case((running, Job.job_key), else_=null())
     statement = (
         update(Job)
@@ -62,7 +62,7 @@ def cancel_job(session: Session, job_id: int) -> Job:
     changed = session.execute(statement).one_or_none()
     if changed is not None and changed.state is JobState.RUNNING:
         session.execute(select(func.pg_notify(CONTROL_CHANNEL, json.dumps({"cancel": job_id}))))
-    elif changed is not None and SEQUENCE_BRANCH in branches:
+    elif changed is not None and features.sequence:
         sequence.advance_sequences(connection, [job_id])
     return _reload(session, job_id)
 
@@ -94,7 +94,7 @@ def retry_job(session: Session, job_id: int) -> Job:
         # A savepoint, so a unique conflict leaves the caller's transaction usable.
         with session.begin_nested():
             connection = session.connection()
-            if SEQUENCE_BRANCH in branches_of(connection):
+            if Features.of(connection).sequence:
                 values.update(sequence.retry_values(connection, job_id))
             statement = (
                 update(Job)

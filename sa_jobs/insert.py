@@ -44,7 +44,7 @@ from sa_jobs.models import EXISTED_COLUMN, Job
 from sa_jobs.options import InsertOpts, JobKeyMode
 from sa_jobs.rows import JobRow, build_rows, insert_opts
 from sa_jobs.schema import STATEMENT_OPTION, translate_missing_schema
-from sa_jobs.sequence import lock_sequence_keys
+from sa_jobs.sequence import lock_keys
 from sa_jobs.states import InsertAction
 from sa_jobs.unique import fold_duplicates
 
@@ -275,7 +275,7 @@ def _lock_sequences_of(connection: Connection, rows: Sequence[JobRow]) -> None:
     """Take the advisory locks of the rows' sequences before inserting them."""
     keys = [row["sequence_key"] for row in rows if row.get("sequence_key")]
     if keys:
-        connection.execute(lock_sequence_keys(keys))
+        connection.execute(lock_keys(keys))
 
 
 def _write_keyed(rows: Sequence[JobRow], mode: JobKeyMode, run: Run) -> list[Written]:

@@ -181,7 +181,7 @@ def build_insert(shape: InsertShape, rows: Sequence[JobRow] | None = None) -> In
     plus ``job_key`` and ``revision`` to match them up (:mod:`sa_jobs.job_key`).
 
     Sequenced rows must be inserted under their sequences' advisory locks: the insert
-    paths take them first (:func:`sa_jobs.sequence.lock_sequence_keys`); with
+    paths take them first (:func:`sa_jobs.sequence.lock_keys`); with
     ``lock_sequences`` the statement takes them itself, which keeps the one-active-job
     guarantee but, under contention, may end in a unique violation rather than a
     waiting job. A statement without unique, sequenced or keyed rows touches only core

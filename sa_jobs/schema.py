@@ -15,6 +15,7 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Connection, Engine, event, func, select, text
@@ -23,7 +24,7 @@ from sqlalchemy.exc import ProgrammingError
 
 from sa_jobs.errors import SchemaManagedElsewhereError, SchemaMissingError
 
-__all__ = ["BRANCHES", "CORE_BRANCH", "VERSION_TABLE", "downgrade", "migrate"]
+__all__ = ["BRANCHES", "CORE_BRANCH", "VERSION_TABLE", "Features", "downgrade", "migrate"]
 
 CORE_BRANCH = "sa_jobs_core"
 UNIQUE_BRANCH = "sa_jobs_unique"
@@ -133,21 +134,48 @@ def installed_branches(connection: Connection) -> frozenset[str]:
     )
 
 
-_branch_cache: weakref.WeakKeyDictionary[Engine, frozenset[str]] = weakref.WeakKeyDictionary()
+@attrs.frozen
+class Features:
+    """Which of sa_jobs' feature branches a database has; read once per engine
+    (:meth:`of`) and handed to whatever builds statements that depend on them."""
+
+    unique: bool = False
+    sequence: bool = False
+    job_key: bool = False
+
+    @classmethod
+    def from_branches(cls, branches: frozenset[str]) -> Features:
+        return cls(
+            unique=UNIQUE_BRANCH in branches,
+            sequence=SEQUENCE_BRANCH in branches,
+            job_key=JOB_KEY_BRANCH in branches,
+        )
+
+    @classmethod
+    def of(cls, connection: Connection) -> Features:
+        """The features of ``connection``'s database, remembered per engine.
+
+        A branch installed while the process runs is seen after a restart.
+
+        Raises:
+            SchemaMissingError: the core branch is not installed.
+        """
+        engine = connection.engine
+        cached = _features.get(engine)
+        if cached is None:
+            branches = installed_branches(connection)
+            if CORE_BRANCH not in branches:
+                raise SchemaMissingError(CORE_BRANCH, "there is no sa_job table")
+            cached = _features[engine] = cls.from_branches(branches)
+        return cached
 
 
-def branches_of(connection: Connection) -> frozenset[str]:
-    """:func:`installed_branches`, remembered per engine (read once per process).
+#: Every feature: what ``sa-jobs migrate`` installs.
+ALL_FEATURES = Features(unique=True, sequence=True, job_key=True)
+#: The core alone.
+NO_FEATURES = Features()
 
-    A branch installed while the process runs is seen after a restart.
-    """
-    engine = connection.engine
-    cached = _branch_cache.get(engine)
-    if cached is None:
-        cached = installed_branches(connection)
-        if CORE_BRANCH in cached:
-            _branch_cache[engine] = cached
-    return cached
+_features: weakref.WeakKeyDictionary[Engine, Features] = weakref.WeakKeyDictionary()
 
 
 def missing_schema_error(exc: BaseException) -> SchemaMissingError | None:

@@ -18,9 +18,10 @@ Who decides what, without races:
   ``continue_on_*`` flag — otherwise it keeps the slot and the sequence halts.
 * **Retrying** the halted job resumes the sequence from it (it still holds the slot);
   retrying a later job moves the slot to it, skipping the halted one.
-* A **maintenance pass** gives the slot to the lowest pending job of any sequence that
-  has waiting jobs and no holder (after a crash, a rolled-back inserter, or a manual
-  change) — a repair, not the normal path.
+* A **maintenance pass** (:mod:`sa_jobs.worker.maintenance.sequence_repair`) gives the
+  slot to the lowest pending job of any sequence that has waiting jobs and no holder
+  (after a crash, a rolled-back inserter, or a manual change) — a repair, not the normal
+  path.
 """
 
 from __future__ import annotations
@@ -56,7 +57,14 @@ from sa_jobs.states import FINAL_STATES, JobState
 
 __all__ = [
     "advance_sequences",
-    "lock_sequence_keys",
+    "ids_param",
+    "lock_keys",
+    "lock_keys_in",
+    "lock_keys_of_jobs",
+    "lock_sequences_of_jobs",
+    "passes_slot_on",
+    "promote_next",
+    "retry_values",
     "sequence_values",
     "waits_in_sequence",
 ]
@@ -87,42 +95,75 @@ def sequence_values(kind: JobKind, args_json: Any, resolved: ResolvedInsert) -> 
     }
 
 
-def lock_id(hex_key: str) -> int:
-    """The advisory lock number of a key: its first byte (0-255).
+# --------------------------------------------------------------------------- locks
+#
+# Every path that inserts or finishes sequenced jobs takes the advisory locks of their
+# sequences first, all in one global order (smallest lock number first), so none can
+# deadlock with another. A lock is ``pg_advisory_xact_lock(LOCK_CLASS, n)`` where ``n`` is
+# the key's first byte: the locks are striped over 256 numbers, so a transaction that
+# touches thousands of sequences holds at most 256 locks (PostgreSQL's lock table is
+# small: ``max_locks_per_transaction`` times the connections), at the price of sequences
+# sharing a stripe waiting for each other while they insert or finish.
 
-    Locks are striped over 256 numbers: a transaction that inserts or finishes jobs of
-    thousands of sequences then holds at most 256 locks (PostgreSQL's lock table is
-    small: ``max_locks_per_transaction`` times the connections), at the price of
-    sequences that share a stripe waiting for each other while they insert.
-    """
+
+def lock_number(hex_key: str) -> int:
+    """The lock number of a key (``\\x``-prefixed hex): its first byte."""
     return bytes.fromhex(hex_key[2:4])[0]
 
 
-def _lock_id_sql(key: Any) -> ColumnElement[int]:
-    # The same number computed in SQL.
+def _lock_number_sql(key: Any) -> ColumnElement[int]:
+    # The same number, computed in SQL from a bytea key.
     return func.get_byte(key, 0)
 
 
-# --------------------------------------------------------------------------- inserting
+def _take_locks(numbers: Select[Any]) -> Select[Any]:
+    """Lock each distinct number ``numbers`` selects (column ``n``), smallest first."""
+    distinct = numbers.distinct().subquery("lock_numbers")
+    ordered = select(distinct.c.n).order_by(distinct.c.n).subquery("ordered_lock_numbers")
+    return select(func.count(func.pg_advisory_xact_lock(LOCK_CLASS, ordered.c.n)))
 
 
-def lock_sequence_keys(hex_keys: Iterable[str]) -> Select[Any]:
-    """Take the advisory lock of every key, in sorted order, until the transaction ends."""
-    ids = sorted({lock_id(key) for key in hex_keys})
-    return _lock_numbers_statement().params(sa_jobs_sequence_locks=ids)
+def lock_keys(hex_keys: Iterable[str]) -> Select[Any]:
+    """A statement that locks these keys' sequences (keys known in Python)."""
+    numbers = sorted({lock_number(key) for key in hex_keys})
+    return _lock_numbers().params({_LOCK_NUMBERS: numbers})
+
+
+_LOCK_NUMBERS = "sa_jobs_sequence_locks"
 
 
 @functools.cache
-def _lock_numbers_statement() -> Select[Any]:
-    numbers = func.unnest(bindparam("sa_jobs_sequence_locks", type_=ARRAY(Integer)))
-    lock_number = numbers.table_valued("n").render_derived(name="lock_numbers")
-    return select(func.count(func.pg_advisory_xact_lock(LOCK_CLASS, lock_number.c.n)))
+def _lock_numbers() -> Select[Any]:
+    numbers = func.unnest(bindparam(_LOCK_NUMBERS, type_=ARRAY(Integer)))
+    number = numbers.table_valued("n").render_derived(name="lock_numbers")
+    return select(func.count(func.pg_advisory_xact_lock(LOCK_CLASS, number.c.n)))
 
 
 def lock_keys_in(key: ColumnElement[Any]) -> Select[Any]:
-    """Take the advisory locks of the sequence keys in ``key`` (a column of rows being
-    inserted), in sorted order."""
-    return _take_locks(select(_lock_id_sql(key).label("n")).where(key.is_not(None)))
+    """Locks the sequences of the keys in ``key``, a column of the rows being inserted."""
+    return _take_locks(select(_lock_number_sql(key).label("n")).where(key.is_not(None)))
+
+
+def lock_keys_of_jobs(ids: Select[Any]) -> Select[Any]:
+    """Locks the sequences of the existing jobs whose ids ``ids`` selects (use it as a
+    statement, or as a CTE that an UPDATE references so that it runs first)."""
+    numbers = select(_lock_number_sql(Job.sequence_key).label("n")).where(
+        Job.id.in_(ids), Job.sequence_key.is_not(None)
+    )
+    return _take_locks(numbers)
+
+
+def lock_sequences_of_jobs(connection: Connection, job_ids: Sequence[int]) -> None:
+    """Take the sequence locks of existing jobs (before changing them)."""
+    connection.execute(lock_keys_of_jobs(ids_param(job_ids)))
+
+
+def ids_param(job_ids: Sequence[int]) -> Select[Any]:
+    """``SELECT unnest(:ids)``: job ids known in Python, as one bound array."""
+    return select(func.unnest(bindparam("sa_jobs_job_ids", list(job_ids), type_=ARRAY(Integer))))
+
+
+# --------------------------------------------------------------------------- inserting
 
 
 def waits_in_sequence(
@@ -157,7 +198,7 @@ def waits_in_sequence(
 # --------------------------------------------------------------------------- advancing
 
 
-def _passes_slot_on() -> ColumnElement[bool]:
+def passes_slot_on() -> ColumnElement[bool]:
     """A finished slot holder that lets its sequence go on (the others halt it)."""
     return or_(
         Job.state == JobState.COMPLETED,
@@ -166,32 +207,7 @@ def _passes_slot_on() -> ColumnElement[bool]:
     )
 
 
-def locks_before_update(job_ids: Select[Any]) -> Any:
-    """A CTE taking the sequence locks of these jobs; an UPDATE referencing it runs after.
-
-    Finishing paths take sequence locks before any row lock, in the order inserters do,
-    so the two never deadlock.
-    """
-    return _lock_keys_of(job_ids).cte("sequence_locks")
-
-
-def _lock_keys_of(ids: Select[Any]) -> Select[Any]:
-    """Take the advisory locks of the sequences of these jobs, in sorted order."""
-    numbers = select(_lock_id_sql(Job.sequence_key).label("n")).where(
-        Job.id.in_(ids), Job.sequence_key.is_not(None)
-    )
-    return _take_locks(numbers)
-
-
-def _take_locks(numbers: Select[Any]) -> Select[Any]:
-    """Lock each distinct lock number ``numbers`` selects (column ``n``), smallest first,
-    so that every path takes sequence locks in one global order and none deadlock."""
-    distinct = numbers.distinct().subquery("lock_numbers")
-    ordered = select(distinct.c.n).order_by(distinct.c.n).subquery("ordered_lock_numbers")
-    return select(func.count(func.pg_advisory_xact_lock(LOCK_CLASS, ordered.c.n)))
-
-
-def _promote_next(released: Any) -> Select[int, Any]:
+def promote_next(released: Any) -> Select[int, Any]:
     """Give each released sequence's slot to its lowest pending job; notify queues."""
     pending = job_table.alias("next_pending")
     next_id = (
@@ -239,21 +255,15 @@ def _promote_next(released: Any) -> Select[int, Any]:
 
 def jobs_advance_sequences(job_ids: Sequence[int]) -> Select[int, Any]:
     """Release the slots of these jobs where they finished without halting, and promote."""
-    ids = select(func.unnest(bindparam("sa_jobs_finished", list(job_ids), type_=ARRAY(Integer))))
+    ids = ids_param(job_ids)
     released = (
         update(Job)
-        .where(Job.id.in_(ids), Job.sequence_slot, _passes_slot_on())
+        .where(Job.id.in_(ids), Job.sequence_slot, passes_slot_on())
         .values(sequence_slot=False)
         .returning(Job.sequence_key)
         .cte("released_slots")
     )
-    return _promote_next(released)
-
-
-def lock_sequences_of_jobs(connection: Connection, job_ids: Sequence[int]) -> None:
-    """Take the sequence locks of existing jobs (before changing them)."""
-    ids = select(func.unnest(bindparam("sa_jobs_locking", list(job_ids), type_=ARRAY(Integer))))
-    connection.execute(_lock_keys_of(ids))
+    return promote_next(released)
 
 
 def advance_sequences(connection: Connection, job_ids: Sequence[int]) -> int:
@@ -267,61 +277,6 @@ def advance_sequences(connection: Connection, job_ids: Sequence[int]) -> int:
     lock_sequences_of_jobs(connection, job_ids)
     promoted, _ = connection.execute(jobs_advance_sequences(job_ids)).one()
     return int(promoted)
-
-
-# --------------------------------------------------------------------------- repair
-
-
-def jobs_stalled_sequences(limit: int) -> Select[Any]:
-    """Ids of the lowest pending job of sequences that have waiting jobs and no holder."""
-    holder = job_table.alias("holder")
-    waiting = job_table.alias("waiting")
-    stalled = (
-        select(func.min(waiting.c.id).label("id"))
-        .where(
-            waiting.c.sequence_key.is_not(None),
-            waiting.c.state == JobState.PENDING,
-            ~exists().where(
-                holder.c.sequence_key == waiting.c.sequence_key,
-                holder.c.sequence_key.is_not(None),
-                holder.c.sequence_slot,
-            ),
-        )
-        .group_by(waiting.c.sequence_key)
-        .limit(limit)
-    )
-    return stalled
-
-
-class SequencePromoter:
-    """The maintenance pass that restarts stalled sequences.
-
-    Two kinds of stall: a slot holder that finished without passing its slot on (its
-    state was changed by hand, say), and waiting jobs with no holder at all (an inserter
-    rolled back, a crash, a hand edit).
-    """
-
-    def __init__(self, limit: int = 1000) -> None:
-        self.limit = limit
-
-    def run_once(self, connection: Connection) -> int:
-        """Returns the number of sequences restarted."""
-        finished_holders = connection.scalars(
-            select(Job.id)
-            .where(Job.sequence_key.is_not(None), Job.sequence_slot, _passes_slot_on())
-            .limit(self.limit)
-        ).all()
-        restarted = advance_sequences(connection, list(finished_holders))
-        candidates = [row.id for row in connection.execute(jobs_stalled_sequences(self.limit))]
-        if not candidates:
-            return restarted
-        ids = select(func.unnest(bindparam("sa_jobs_stalled", candidates, type_=ARRAY(Integer))))
-        connection.execute(_lock_keys_of(ids))
-        # Under the locks, with a fresh snapshot: take only sequences still without holder.
-        stalled = jobs_stalled_sequences(self.limit).subquery("still_stalled")
-        keys = select(Job.sequence_key).where(Job.id.in_(select(stalled.c.id))).cte("stalled_keys")
-        promoted, _ = connection.execute(_promote_next(keys)).one()
-        return restarted + int(promoted)
 
 
 # --------------------------------------------------------------------------- retrying
@@ -340,7 +295,7 @@ def retry_values(connection: Connection, job_id: int) -> dict[str, Any]:
     if row is None or row.sequence_key is None or row.sequence_slot:
         return {}
     hex_key = "\\x" + bytes(row.sequence_key).hex()
-    connection.execute(lock_sequence_keys([hex_key]))
+    connection.execute(lock_keys([hex_key]))
     holder = connection.execute(
         select(Job.id, Job.state).where(
             Job.sequence_key == row.sequence_key, Job.sequence_key.is_not(None), Job.sequence_slot

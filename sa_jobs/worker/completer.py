@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import queue
-import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -35,7 +34,9 @@ from sqlalchemy import Engine
 from sa_jobs.complete import Ending, Outcome, finish_in
 from sa_jobs.error_records import describe, message_record
 from sa_jobs.models import Job
+from sa_jobs.schema import Features
 from sa_jobs.worker.backoff import autocommit, is_transient
+from sa_jobs.worker.service import Backoff, Service
 
 __all__ = ["BatchCompleter", "Completer", "InlineCompleter", "OutcomeWriter"]
 
@@ -66,15 +67,15 @@ class Completer(Protocol):
         ...
 
 
-def write_outcomes(engine: Engine, outcomes: Sequence[Outcome], *, sequences: bool = True) -> int:
+def write_outcomes(engine: Engine, outcomes: Sequence[Outcome], features: Features) -> int:
     """Write outcomes (and move their sequences on).
 
     Without sequenced jobs it is one statement, sent in autocommit mode (one round trip
     instead of three). Sequenced jobs need a transaction: their locks must hold until the
-    next job of each sequence is promoted. ``sequences`` says whether the database has
-    the sequence branch at all.
+    next job of each sequence is promoted.
     """
-    if not (sequences and any(outcome.sequenced is not False for outcome in outcomes)):
+    sequenced = features.sequence and any(outcome.sequenced is not False for outcome in outcomes)
+    if not sequenced:
         with autocommit(engine).connect() as connection:
             return len(finish_in(connection, outcomes))
     with engine.begin() as connection:
@@ -90,7 +91,7 @@ class OutcomeWriter:
 
     Args:
         engine: The worker's engine.
-        sequences: Whether the database has the sequence branch.
+        features: The database's feature branches.
         give_up_after: How long transient errors are retried before a batch is left to
             the rescuer.
         retry_delay: The retry delay of a job whose outcome cannot be stored.
@@ -100,16 +101,16 @@ class OutcomeWriter:
         self,
         engine: Engine,
         *,
-        sequences: bool,
+        features: Features,
         give_up_after: float,
         retry_delay: Callable[[Job], float] | None = None,
         backoff: tuple[float, float] = (0.1, 5.0),
     ) -> None:
         self._engine = engine
-        self._sequences = sequences
+        self._features = features
         self.give_up_after = give_up_after
         self._retry_delay = retry_delay
-        self._first_wait, self._max_wait = backoff
+        self._backoff_range = backoff
         #: Set to stop retrying at once (a worker out of time to stop).
         self.stopping = threading.Event()
         #: Jobs whose outcomes were given up on (left to the rescuer), for the record.
@@ -135,19 +136,19 @@ class OutcomeWriter:
 
     def _with_retries(self, batch: Sequence[Outcome]) -> None:
         deadline = time.monotonic() + self.give_up_after
-        wait = self._first_wait
+        backoff = Backoff(*self._backoff_range)
         while True:
             try:
-                write_outcomes(self._engine, batch, sequences=self._sequences)
+                write_outcomes(self._engine, batch, self._features)
                 return
             except Exception as exc:
                 if not is_transient(exc):
                     raise
+                wait = backoff.next_wait()
                 if self.stopping.is_set() or time.monotonic() + wait > deadline:
                     raise _GiveUp(describe(exc)) from exc
                 log.warning("writing outcomes failed (%s); retrying in %.1f s", describe(exc), wait)
-                self.stopping.wait(wait * random.uniform(0.8, 1.2))
-                wait = min(wait * 2, self._max_wait)
+                self.stopping.wait(wait)
 
     def _store_failure_instead(self, outcome: Outcome, exc: Exception) -> None:
         """The database refused this one outcome: fail the attempt plainly instead."""
@@ -237,21 +238,18 @@ class InlineCompleter:
         self.writer.stopping.set()
 
 
-class BatchCompleter:
+class BatchCompleter(Service):
     """Writes outcomes in batches from a thread of its own."""
 
     def __init__(
         self, writer: OutcomeWriter, *, interval: float = 0.005, max_batch: int = 1000
     ) -> None:
+        super().__init__("completer")
         self.writer = writer
         self._interval = interval
         self._max_batch = max_batch
         self._queue: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
         self._pending = _Pending()
-        self._thread = threading.Thread(target=self._loop, name="sa_jobs-completer", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
 
     def submit(self, outcome: Outcome) -> None:
         self._pending.add(outcome)
@@ -266,14 +264,14 @@ class BatchCompleter:
     def stop(self, timeout: float | None = None) -> None:
         """Write what was submitted; after ``timeout`` seconds (plus one to notice) stop
         retrying and leave the rest to the rescuer."""
-        if not self._thread.is_alive():
+        if not self.running:
             return
         self._queue.put(None)
-        self._thread.join(timeout)
-        if self._thread.is_alive():
+        self.join(timeout)
+        if self.running:
             self.writer.stopping.set()
-            self._thread.join(1.0)
-        if self._thread.is_alive():
+            self.join(1.0)
+        if self.running:
             log.error(
                 "the completer is still writing after %s s (the database does not answer); "
                 "%d outcomes are left to the rescuer",
@@ -281,7 +279,7 @@ class BatchCompleter:
                 self.pending(),
             )
 
-    def _loop(self) -> None:
+    def run_loop(self) -> None:
         stopping = False
         while not stopping:
             first = self._queue.get()
@@ -304,3 +302,4 @@ class BatchCompleter:
                 log.exception("unexpected error writing %d outcomes", len(batch))
             finally:
                 self._pending.remove(batch)
+            self.passed()

@@ -28,6 +28,7 @@ from sqlalchemy import Engine
 from sa_jobs.error_records import describe
 from sa_jobs.schema import CONTROL_CHANNEL, INSERT_CHANNEL
 from sa_jobs.worker.backoff import is_transient
+from sa_jobs.worker.service import Backoff, Service
 
 __all__ = ["Notifier"]
 
@@ -38,7 +39,7 @@ class ListenUnsupportedError(Exception):
     """The engine's driver gives connections that cannot wait for notifications."""
 
 
-class Notifier:
+class Notifier(Service):
     def __init__(
         self,
         engine: Engine,
@@ -48,20 +49,14 @@ class Notifier:
         on_connect: Callable[[], None],
         stopping: threading.Event,
     ) -> None:
+        super().__init__("notifier", stopping)
         self._engine = engine
         self._on_queue = on_queue
         self._on_cancel = on_cancel
         self._on_connect = on_connect
-        self._stopping = stopping
+        #: Set while the LISTEN connection is up (a test signal too).
         self.connected = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="sa_jobs-notifier", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def join(self, timeout: float | None = None) -> None:
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        self._backoff = Backoff()
 
     def _connect(self) -> tuple[Any, psycopg.Connection[Any]]:
         """A connection of the engine's, out of its pool for good, listening."""
@@ -84,31 +79,29 @@ class Notifier:
             raise
         return pooled, driver
 
-    def _loop(self) -> None:
-        failures = 0
-        while not self._stopping.is_set():
+    def run_loop(self) -> None:
+        while not self.stopping.is_set():
             try:
                 pooled, connection = self._connect()
             except ListenUnsupportedError as exc:
                 log.warning("%s; the worker polls for new jobs instead", exc)
                 return
             except Exception as exc:
-                failures += 1
                 self._log_failure("could not open the listen connection", exc)
-                self._stopping.wait(min(0.1 * 2**failures, 5.0))
+                self.stopping.wait(self._backoff.next_wait())
                 continue
             try:
-                failures = 0
+                self._backoff.reset()
                 self.connected.set()
                 # Anything sent while we were not listening is found by this fetch.
                 self._on_connect()
-                while not self._stopping.is_set():
+                while not self.stopping.is_set():
                     for notification in connection.notifies(timeout=0.25):
                         self._dispatch(notification.channel, notification.payload)
+                    self.passed()
             except Exception as exc:
-                failures += 1
                 self._log_failure("listen connection lost", exc)
-                self._stopping.wait(min(0.1 * 2**failures, 5.0))
+                self.stopping.wait(self._backoff.next_wait())
             finally:
                 self.connected.clear()
                 # A dead connection may fail to close; it is gone anyway.

@@ -31,8 +31,10 @@ from sqlalchemy.sql.dml import ReturningUpdate
 
 from sa_jobs.error_records import describe
 from sa_jobs.models import CORE_COLUMNS, Job
+from sa_jobs.schema import NO_FEATURES, Features
 from sa_jobs.states import JobState
 from sa_jobs.worker.backoff import is_transient
+from sa_jobs.worker.service import Backoff, Service
 
 __all__ = ["Producer", "fetch_jobs", "jobs_fetch_available"]
 
@@ -44,15 +46,15 @@ FETCH_COOLDOWN = 0.002
 
 
 @functools.cache
-def jobs_fetch_available(*, unique: bool = False, sequence: bool = False) -> ReturningUpdate[Any]:
+def jobs_fetch_available(features: Features = NO_FEATURES) -> ReturningUpdate[Any]:
     """Lock up to ``:fetch_limit`` due jobs of ``:fetch_queue``, mark them running for
     ``:fetch_worker_id``.
 
-    Built once (it runs for every fetch); the three values are bound at execution. With
-    ``unique`` (the unique branch is installed), jobs whose lock lasts only until they
-    start (Faktory's ``unique_until: start``) give up their key here, for good. With
-    ``sequence``, the jobs come back with their ``sequence_key``, so finishing a job that
-    is not in a sequence can skip the sequence bookkeeping.
+    Built once per set of features (it runs for every fetch); the three values are bound
+    at execution. With the unique branch installed, jobs whose lock lasts only until they
+    start (Faktory's ``unique_until: start``) give up their key here, for good. With the
+    sequence branch, the jobs come back with their ``sequence_key``, so finishing a job
+    that is not in a sequence can skip the sequence bookkeeping.
     """
     locked = (
         select(Job.id)
@@ -76,15 +78,15 @@ def jobs_fetch_available(*, unique: bool = False, sequence: bool = False) -> Ret
             bindparam("fetch_worker_id", type_=Text),
         ),
     }
-    if unique:
+    if features.unique:
         values["unique_key"] = case((Job.unique_until_start, null()), else_=Job.unique_key)
-    returned = [*CORE_COLUMNS, Job.sequence_key] if sequence else CORE_COLUMNS
+    returned = [*CORE_COLUMNS, Job.sequence_key] if features.sequence else CORE_COLUMNS
     return update(Job).where(Job.id == locked.c.id).values(values).returning(*returned)
 
 
 @functools.cache
-def _fetch_as_jobs(unique: bool, sequence: bool) -> Any:
-    return select(Job).from_statement(jobs_fetch_available(unique=unique, sequence=sequence))
+def _fetch_as_jobs(features: Features) -> Any:
+    return select(Job).from_statement(jobs_fetch_available(features))
 
 
 def fetch_jobs(
@@ -93,23 +95,25 @@ def fetch_jobs(
     limit: int,
     worker_id: str,
     *,
-    unique: bool = False,
-    sequence: bool = False,
+    features: Features | None = None,
 ) -> list[Job]:
     """Fetch and detach jobs, in the order they should start.
 
     The rows are marked running and loaded in one transaction, which commits only once
     every row has been loaded: if anything about a row cannot be read, nothing is marked
-    running, rather than a batch being marked and never handed over.
+    running, rather than a batch being marked and never handed over. ``features``: the
+    database's (:meth:`~sa_jobs.schema.Features.of`) unless given.
     """
     params = {"fetch_queue": queue, "fetch_limit": limit, "fetch_worker_id": worker_id}
     with Session(engine, expire_on_commit=False) as session, session.begin():
-        jobs = list(session.scalars(_fetch_as_jobs(unique, sequence), params))
+        if features is None:
+            features = Features.of(session.connection())
+        jobs = list(session.scalars(_fetch_as_jobs(features), params))
     jobs.sort(key=lambda job: (job.priority, job.scheduled_at, job.id))
     return jobs
 
 
-class Producer:
+class Producer(Service):
     """Keeps one queue's slots busy: fetches when woken (NOTIFY, a finished job) or polled."""
 
     def __init__(
@@ -122,27 +126,18 @@ class Producer:
         poll_interval: float,
         stopping: threading.Event,
     ) -> None:
+        super().__init__(f"producer-{queue}", stopping)
         self.queue = queue
         self.concurrency = concurrency
         self._fetch = fetch
         self._dispatch = dispatch
         self._poll_interval = poll_interval
-        self._stopping = stopping
         self._lock = threading.Lock()
         self._free = concurrency
         self._wake = threading.Event()
         # True once a fetch found nothing while no job was running; reset by any activity.
         self._drained = False
-        self._thread = threading.Thread(
-            target=self._loop, name=f"sa_jobs-producer-{queue}", daemon=True
-        )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def join(self, timeout: float | None = None) -> None:
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        self._backoff = Backoff()
 
     def wake(self) -> None:
         with self._lock:
@@ -157,27 +152,32 @@ class Producer:
         self._wake.set()
 
     @property
+    def free(self) -> int:
+        """Slots no job holds."""
+        with self._lock:
+            return self._free
+
+    @property
     def drained(self) -> bool:
         with self._lock:
             return self._drained and self._free == self.concurrency
 
-    def _loop(self) -> None:
-        failures = 0
-        while not self._stopping.is_set():
+    def run_loop(self) -> None:
+        while not self.stopping.is_set():
             self._wake.wait(self._poll_interval)
             self._wake.clear()
             try:
                 self._fill_slots()
-                failures = 0
+                self._backoff.reset()
             except Exception as exc:
-                failures += 1
                 level = logging.WARNING if is_transient(exc) else logging.ERROR
                 log.log(level, "fetching from queue %r failed: %s", self.queue, describe(exc))
-                self._stopping.wait(min(0.1 * 2**failures, 5.0))
+                self.stopping.wait(self._backoff.next_wait())
+            self.passed()
 
     def _fill_slots(self) -> None:
         """Fetch and dispatch until the slots are full or the queue has nothing due."""
-        while not self._stopping.is_set():
+        while not self.stopping.is_set():
             with self._lock:
                 free = self._free
             if free == 0:
@@ -185,7 +185,7 @@ class Producer:
             if free < self.concurrency // 2:
                 # Busy: let a few more slots free up so the next fetch is a fuller
                 # batch (one round trip for several jobs). An idle queue never waits.
-                self._stopping.wait(FETCH_COOLDOWN)
+                self.stopping.wait(FETCH_COOLDOWN)
                 with self._lock:
                     free = self._free
             jobs = self._fetch(self.queue, free)

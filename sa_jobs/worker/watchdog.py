@@ -20,6 +20,7 @@ import threading
 import time
 
 from sa_jobs.worker.execution import Execution, Interrupt
+from sa_jobs.worker.service import Service
 
 __all__ = ["Watchdog"]
 
@@ -29,23 +30,19 @@ log = logging.getLogger("sa_jobs.worker")
 MAX_SLEEP = 60.0
 
 
-class Watchdog:
+class Watchdog(Service):
     def __init__(self, grace: float) -> None:
+        super().__init__("watchdog")
         self.grace = grace
         self._heap: list[tuple[float, int, Interrupt, bool, Execution]] = []
         self._order = itertools.count()
         self._wake = threading.Condition()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="sa_jobs-watchdog", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
 
     def stop(self, timeout: float | None = None) -> None:
         with self._wake:
-            self._stopping = True
+            self.stopping.set()
             self._wake.notify()
-        self._thread.join(timeout)
+        self.join(timeout)
 
     def watch(self, execution: Execution) -> None:
         if execution.deadline is not None:
@@ -63,21 +60,22 @@ class Watchdog:
             if self._heap[0][4] is execution:
                 self._wake.notify()
 
-    def _loop(self) -> None:
+    def run_loop(self) -> None:
         while True:
             with self._wake:
-                while not self._stopping and (
+                while not self.stopping.is_set() and (
                     not self._heap or self._heap[0][0] > time.monotonic()
                 ):
                     wait = self._heap[0][0] - time.monotonic() if self._heap else MAX_SLEEP
                     self._wake.wait(min(wait, MAX_SLEEP))
-                if self._stopping:
+                if self.stopping.is_set():
                     return
                 _, _, reason, settle, execution = heapq.heappop(self._heap)
             try:
                 self._fire(reason, settle, execution)
             except Exception:
                 log.exception("the watchdog failed to stop job %d", execution.job.id)
+            self.passed()
 
     def _fire(self, reason: Interrupt, settle: bool, execution: Execution) -> None:
         if execution.finished:

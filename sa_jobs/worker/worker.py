@@ -1,7 +1,7 @@
 """The :class:`Worker`: wires producers, executions, the completer and maintenance.
 
 A ``Worker`` is configuration plus handlers; each :meth:`Worker.start` builds a fresh
-:class:`_Run` (threads, pools, producers) and :meth:`Worker.stop` tears it down, so a
+:class:`WorkerRun` (threads, pools, producers) and :meth:`Worker.stop` tears it down, so a
 worker can be started again after it stopped — the natural shape of a test that drains,
 moves the clock, and drains again. Handler registrations belong to the worker and
 survive.
@@ -24,29 +24,15 @@ from typing import Any, Literal, TypeVar
 from sqlalchemy import Engine, exists, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from sa_jobs.complete import Outcome
-from sa_jobs.errors import InvalidOptionsError, SchemaMissingError
+from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.models import Job
 from sa_jobs.options import UNSET, check_queue, check_timeout
-from sa_jobs.schema import (
-    CORE_BRANCH,
-    SEQUENCE_BRANCH,
-    UNIQUE_BRANCH,
-    installed_branches,
-)
 from sa_jobs.states import JobState
-from sa_jobs.worker.aio import ASYNC_DRIVERS, EventLoopThread
-from sa_jobs.worker.completer import BatchCompleter, Completer, InlineCompleter, OutcomeWriter
-from sa_jobs.worker.execution import Execution, Interrupt, run_async, run_sync
+from sa_jobs.worker.aio import ASYNC_DRIVERS
 from sa_jobs.worker.handlers import HandlerRegistry
-from sa_jobs.worker.maintenance.leader import LeaderElection
-from sa_jobs.worker.maintenance.loop import MaintenanceConfig, MaintenanceLoop
-from sa_jobs.worker.maintenance.presence import Presence
-from sa_jobs.worker.notifier import Notifier
-from sa_jobs.worker.pool import HandlerThreads
-from sa_jobs.worker.producer import Producer, fetch_jobs
+from sa_jobs.worker.maintenance.loop import MaintenanceConfig
 from sa_jobs.worker.retry import DEFAULT_RETRY_POLICY, RetryPolicy, retry_delay
-from sa_jobs.worker.watchdog import Watchdog
+from sa_jobs.worker.run import SHUTDOWN_FLUSH_TIMEOUT, WorkerRun
 
 __all__ = ["Worker"]
 
@@ -54,10 +40,6 @@ log = logging.getLogger("sa_jobs.worker")
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_JOB_TIMEOUT = dt.timedelta(minutes=1)
-#: How long :meth:`Worker.stop` gives the completer to write the last outcomes, and each
-#: background thread to finish, before leaving them to the rescuer.
-SHUTDOWN_FLUSH_TIMEOUT = 10.0
-THREAD_JOIN_TIMEOUT = 5.0
 
 
 class Worker:
@@ -117,7 +99,7 @@ class Worker:
             raise InvalidOptionsError(
                 "completer", f"must be 'batch' or 'inline', got {completer!r}"
             )
-        self._completer_kind = completer
+        self.completer_kind: Literal["batch", "inline"] = completer
         self.interrupt_grace = _positive("interrupt_grace", interrupt_grace)
         total = sum(self.queues.values())
         if stuck_thread_limit is not None and (
@@ -130,7 +112,7 @@ class Worker:
             )
         self.stuck_thread_limit = total if stuck_thread_limit is None else stuck_thread_limit
         self._lifecycle = threading.Lock()
-        self._run: _Run | None = None
+        self._run: WorkerRun | None = None
 
     # ------------------------------------------------------------------ registration
 
@@ -202,7 +184,7 @@ class Worker:
         with self._lifecycle:
             if self._run is not None:
                 raise InvalidOptionsError("worker", "is running already; stop() it first")
-            run = _Run(self)
+            run = WorkerRun(self)
             self._run = run
             try:
                 run.start()
@@ -286,7 +268,7 @@ class Worker:
                 self._run = None
 
     @contextmanager
-    def _signals_stop(self, run: _Run) -> Iterator[None]:
+    def _signals_stop(self, run: WorkerRun) -> Iterator[None]:
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -320,214 +302,6 @@ class Worker:
         )
         with self.engine.connect() as connection:
             return bool(connection.scalar(select(due)))
-
-
-class _Run:
-    """One start-to-stop run of a worker: every thread and piece of state it needs."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.engine = worker.engine
-        self.stop_requested = threading.Event()
-        self.cancel_requested = threading.Event()
-        #: Producers stop fetching; the other services keep going until ``closing``.
-        self.stopping_fetch = threading.Event()
-        self.closing = threading.Event()
-        self._lock = threading.Lock()
-        self._executions: dict[int, Execution] = {}
-        self._started: list[str] = []
-
-    # -- start and stop
-
-    def start(self) -> None:
-        worker = self.worker
-        with self.engine.connect() as connection:
-            branches = installed_branches(connection)
-        if CORE_BRANCH not in branches:
-            raise SchemaMissingError(CORE_BRANCH, "the worker found no sa_job table")
-        unique = UNIQUE_BRANCH in branches
-        sequence = SEQUENCE_BRANCH in branches
-        handlers = worker.handlers.all()
-        self.pool = HandlerThreads("sa_jobs-job", worker.stuck_thread_limit, self._release_slot)
-        needs_loop = any(h.is_async for h in handlers)
-        self.loop = EventLoopThread(self.engine, worker.async_engine) if needs_loop else None
-        writer = OutcomeWriter(
-            self.engine,
-            sequences=sequence,
-            give_up_after=worker.maintenance_config.rescue_after,
-            retry_delay=lambda job: worker.retry_delay_for(job)[0],
-        )
-        self.completer: Completer = (
-            BatchCompleter(writer) if worker._completer_kind == "batch" else InlineCompleter(writer)
-        )
-        self.watchdog = Watchdog(worker.interrupt_grace)
-        self.producers = {
-            queue: Producer(
-                queue,
-                concurrency,
-                fetch=lambda q, limit: fetch_jobs(
-                    self.engine, q, limit, worker.id, unique=unique, sequence=sequence
-                ),
-                dispatch=self._dispatch,
-                poll_interval=worker.poll_interval,
-                stopping=self.stopping_fetch,
-            )
-            for queue, concurrency in worker.queues.items()
-        }
-        self.maintenance = MaintenanceLoop(
-            self.engine,
-            worker.maintenance_config,
-            Presence(
-                worker.id, list(worker.queues), self.running_ids, self.cancel_running, self.held_ids
-            ),
-            LeaderElection(worker.id, worker.maintenance_config.leader_ttl),
-            self.closing,
-            unique=unique,
-            sequence=sequence,
-            retry_delay=worker.retry_delay_for,
-        )
-        self.notifier = Notifier(
-            self.engine,
-            on_queue=self.wake_queue,
-            on_cancel=self.cancel_running,
-            on_connect=self.wake_all,
-            stopping=self.closing,
-        )
-        if self.loop is not None:
-            self.loop.start()
-            self._started.append("loop")
-            if any(h.is_async and h.wants_session for h in handlers):
-                self.loop.check_async_engine()
-        self.maintenance.start()
-        self._started.append("maintenance")
-        self.completer.start()
-        self._started.append("completer")
-        self.watchdog.start()
-        self._started.append("watchdog")
-        for producer in self.producers.values():
-            producer.start()
-        self._started.append("producers")
-        self.notifier.start()
-        self._started.append("notifier")
-        log.info("worker %s started: queues %s", worker.id, worker.queues)
-
-    def request_stop(self, cancel: bool) -> None:
-        if cancel:
-            self.cancel_requested.set()
-        self.stop_requested.set()
-
-    def stop(
-        self, *, cancel: bool, timeout: float | None, flush_timeout: float = SHUTDOWN_FLUSH_TIMEOUT
-    ) -> None:
-        self.request_stop(cancel)
-        started = set(self._started)
-        self.stopping_fetch.set()
-        if "producers" in started:
-            for producer in self.producers.values():
-                producer.wake()
-            for producer in self.producers.values():
-                producer.join(THREAD_JOIN_TIMEOUT)
-        if "watchdog" in started:
-            self._drain(timeout)
-        if "completer" in started:
-            self.completer.stop(flush_timeout)
-        if "watchdog" in started:
-            self.watchdog.stop(THREAD_JOIN_TIMEOUT)
-        if "loop" in started and self.loop is not None:
-            self.loop.stop(THREAD_JOIN_TIMEOUT)
-        if hasattr(self, "pool"):
-            self.pool.shutdown()
-        self.closing.set()
-        if "notifier" in started:
-            self.notifier.join(THREAD_JOIN_TIMEOUT)
-        if "maintenance" in started:
-            self.maintenance.join(THREAD_JOIN_TIMEOUT)
-        log.info("worker %s stopped", self.worker.id)
-
-    def _drain(self, timeout: float | None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        interrupted = False
-        while self.running_ids():
-            late = deadline is not None and time.monotonic() > deadline
-            if (self.cancel_requested.is_set() or late) and not interrupted:
-                interrupted = True
-                log.info("interrupting %d running jobs", len(self.running_ids()))
-                for execution in self._running_executions():
-                    self.watchdog.interrupt_now(execution, Interrupt.SHUTDOWN)
-            time.sleep(0.01)
-
-    # -- running jobs
-
-    def _dispatch(self, job: Job) -> None:
-        handler = self.worker.handlers.find(job.kind)
-        execution = Execution(
-            job, handler, self.worker.retry_policy, self._settled, on_begin=self.watchdog.watch
-        )
-        with self._lock:
-            self._executions[job.id] = execution
-        if handler is not None and handler.is_async:
-            assert self.loop is not None
-            self.loop.submit(run_async(execution, self.loop.async_engine))
-        else:
-            self.pool.submit(run_sync, execution, self.engine)
-
-    def _settled(self, execution: Execution, outcome: Outcome | None, by_runner: bool) -> None:
-        job = execution.job
-        if outcome is not None:
-            self.completer.submit(outcome)
-            if outcome.error is not None:
-                log.warning(
-                    "job %d (%s) attempt %d: %s",
-                    job.id,
-                    job.kind,
-                    job.attempt,
-                    outcome.error.get("error"),
-                )
-        with self._lock:
-            self._executions.pop(job.id, None)
-        if by_runner:
-            self._release_slot(execution)
-        else:
-            self.pool.settled_without_thread(execution)
-
-    def _release_slot(self, execution: Execution) -> None:
-        self.producers[execution.job.queue].release()
-
-    def cancel_running(self, job_id: int) -> bool:
-        with self._lock:
-            execution = self._executions.get(job_id)
-        if execution is None:
-            return False
-        self.watchdog.interrupt_now(execution, Interrupt.CANCELLED)
-        return True
-
-    def held_ids(self) -> list[int]:
-        """Jobs this process is running or has an unwritten outcome for."""
-        return self.running_ids() + list(self.completer.pending_ids())
-
-    def running_ids(self) -> list[int]:
-        with self._lock:
-            return list(self._executions)
-
-    def _running_executions(self) -> list[Execution]:
-        with self._lock:
-            return list(self._executions.values())
-
-    def wake_queue(self, queue: str) -> None:
-        producer = self.producers.get(queue)
-        if producer is not None:
-            producer.wake()
-
-    def wake_all(self) -> None:
-        for producer in self.producers.values():
-            producer.wake()
-
-    def idle(self) -> bool:
-        return (
-            all(p.drained for p in self.producers.values())
-            and not self.running_ids()
-            and self.completer.pending() == 0
-        )
 
 
 def _positive(option: str, value: object) -> float:

@@ -32,8 +32,8 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import Job, MaintenanceConfig, SequenceOpts, Worker
-from sa_jobs.sequence import SequencePromoter
 from sa_jobs.worker.maintenance.scheduler import Scheduler
+from sa_jobs.worker.maintenance.sequence_repair import SequenceRepair
 
 RUNS_TABLE = "sequence_stress_runs"
 REPAIRS_TABLE = "sequence_stress_repairs"
@@ -108,9 +108,9 @@ def main() -> None:
     engine = create_engine(url, pool_size=threads + 6, max_overflow=10)
     records: Engine = create_engine(url, pool_size=threads + 2, max_overflow=10)
 
-    original_repair = SequencePromoter.run_once
+    original_repair = SequenceRepair.run_once
 
-    def reporting_repair(self: SequencePromoter, connection: Connection) -> int:
+    def reporting_repair(self: SequenceRepair, connection: Connection) -> int:
         restarted = original_repair(self, connection)
         if restarted:
             connection.execute(
@@ -122,7 +122,7 @@ def main() -> None:
             )
         return restarted
 
-    SequencePromoter.run_once = reporting_repair  # type: ignore[method-assign]
+    SequenceRepair.run_once = reporting_repair  # type: ignore[method-assign]
 
     # No stress job is scheduled or fails, so the scheduler should never have a sequenced
     # job to make available: if it does, a promotion came out `scheduled`.

@@ -16,7 +16,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 import sa_jobs
-import sa_jobs.worker.worker as worker_module
+import sa_jobs.worker.run as worker_module
 from sa_jobs import Job, JobState, MaintenanceConfig, Worker
 from sa_jobs.worker.producer import fetch_jobs
 from tests.factories import clear_workers_and_leader, job_row, make_job, seconds

@@ -22,6 +22,7 @@ from sa_jobs.complete import Ending, Outcome
 from sa_jobs.devdb import Server
 from sa_jobs.durations import MAX_DELAY
 from sa_jobs.errors import JobCancel, JobSnooze
+from sa_jobs.schema import NO_FEATURES
 from sa_jobs.worker.completer import OutcomeWriter
 from sa_jobs.worker.maintenance.rescuer import Rescuer
 from tests.databases import migrated_database
@@ -202,7 +203,7 @@ def test_an_outcome_the_database_refuses_fails_that_job_alone_with_the_reason(
 def test_transient_errors_are_retried_for_a_bounded_time_then_left_to_the_rescuer() -> None:
     # A server that is not there: every attempt is a (transient) connection failure.
     gone = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/nowhere")
-    writer = OutcomeWriter(gone, sequences=False, give_up_after=0.5, backoff=(0.05, 0.1))
+    writer = OutcomeWriter(gone, features=NO_FEATURES, give_up_after=0.5, backoff=(0.05, 0.1))
     outcomes = [Outcome(job_id, 1, Ending.COMPLETED) for job_id in (1, 2, 3)]
     began = time.monotonic()
     writer.write(outcomes)

@@ -38,11 +38,12 @@ from sa_jobs.errors import InvalidOptionsError, SchemaMissingError, UniqueConfli
 from sa_jobs.models import job_table
 from sa_jobs.options import REQUIRED_UNIQUE_STATES
 from sa_jobs.schema import SEQUENCE_BRANCH, installed_branches
-from sa_jobs.sequence import SequencePromoter, _lock_id_sql, lock_id
+from sa_jobs.sequence import _lock_number_sql, lock_number
 from sa_jobs.worker import MaintenanceConfig, Retention
 from sa_jobs.worker.maintenance.cleaner import Cleaner
 from sa_jobs.worker.maintenance.rescuer import Rescuer
 from sa_jobs.worker.maintenance.scheduler import Scheduler
+from sa_jobs.worker.maintenance.sequence_repair import SequenceRepair
 from sa_jobs.worker.producer import fetch_jobs
 from tests.factories import clear_workers_and_leader, job_row
 from tests.integration.worker_helpers import make_worker, running, wait_for_state, wait_until
@@ -217,7 +218,7 @@ def cancel(engine: Engine, job_id: int) -> Job:
 
 def repair(engine: Engine) -> int:
     with engine.begin() as connection:
-        return SequencePromoter().run_once(connection)
+        return SequenceRepair().run_once(connection)
 
 
 def sql(engine: Engine, statement: str, **params: Any) -> None:
@@ -348,17 +349,17 @@ def test_the_call_site_overrides_the_kind_and_unsequenced_jobs_are_left_alone(
 
 
 def test_lock_numbers_computed_in_python_and_in_sql_agree(engine: Engine) -> None:
-    # Inserters lock lock_id(key) from Python; finishers compute it in SQL. They must agree
+    # Inserters lock lock_number(key) from Python; finishers compute it in SQL. They must agree
     # (including keys whose first byte has the high bit set: signed int4).
     ids = add_many(engine, [Customer(n) for n in range(64)])
     with engine.connect() as connection:
         rows = connection.execute(
-            select(job_table.c.sequence_key, _lock_id_sql(job_table.c.sequence_key)).where(
+            select(job_table.c.sequence_key, _lock_number_sql(job_table.c.sequence_key)).where(
                 job_table.c.id.in_(ids)
             )
         ).all()
     assert any(bytes(key)[0] >= 0x80 for key, _ in rows)
-    assert all(lock_id("\\x" + bytes(key).hex()) == number for key, number in rows)
+    assert all(lock_number("\\x" + bytes(key).hex()) == number for key, number in rows)
 
 
 # ------------------------------------------------------------------ inserting
@@ -553,9 +554,9 @@ def test_a_hand_written_row_cannot_join_a_busy_sequence_as_active(engine: Engine
 def no_repair(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Turn the repair pass into a no-op that remembers what it would have restarted."""
     would_restart: list[int] = []
-    original = SequencePromoter.run_once
+    original = SequenceRepair.run_once
 
-    def recording(self: SequencePromoter, connection: Any) -> int:
+    def recording(self: SequenceRepair, connection: Any) -> int:
         savepoint = connection.begin_nested()
         try:
             would_restart.append(original(self, connection))
@@ -563,7 +564,7 @@ def no_repair(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             savepoint.rollback()
         return 0
 
-    monkeypatch.setattr(SequencePromoter, "run_once", recording)
+    monkeypatch.setattr(SequenceRepair, "run_once", recording)
     return would_restart
 
 
@@ -721,7 +722,7 @@ def orphan(engine: Engine) -> Job:
 
 def rescue(engine: Engine) -> int:
     with engine.begin() as connection:
-        return Rescuer(1.0, sequence=True).run_once(connection)
+        return Rescuer(1.0).run_once(connection)
 
 
 def test_a_rescued_job_with_attempts_left_is_retryable_and_keeps_the_slot(engine: Engine) -> None:
@@ -997,7 +998,7 @@ def test_the_cleaner_keeps_the_job_that_halted_its_sequence(engine: Engine, how:
     hour = dt.timedelta(hours=1)
 
     with engine.begin() as connection:
-        deleted = Cleaner(Retention(hour, hour, hour), sequence=True).run_once(connection)
+        deleted = Cleaner(Retention(hour, hour, hour)).run_once(connection)
 
     assert deleted == 2
     remaining = states(engine)
@@ -1083,7 +1084,7 @@ def test_a_retryable_holder_discarded_for_a_unique_conflict_halts_its_sequence(
         engine, SequenceOpts(by_args=True)
     )
     with engine.begin() as connection:
-        Scheduler(unique=True).run_once(connection)
+        Scheduler().run_once(connection)
 
     assert states(engine) == {first: JobState.DISCARDED, duplicate: JobState.PENDING}
     assert slot_holders(engine) == [first]

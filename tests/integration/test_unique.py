@@ -136,7 +136,7 @@ def set_state(engine: Engine, job_id: int, state: JobState) -> None:
 
 def start(engine: Engine, queue: str = "default") -> Job:
     """Fetch one job as a worker does (with the unique branch installed)."""
-    jobs = fetch_jobs(engine, queue, 1, "test-unique", unique=True)
+    jobs = fetch_jobs(engine, queue, 1, "test-unique")
     assert len(jobs) == 1, f"no available job in {queue!r}"
     return jobs[0]
 
@@ -156,7 +156,7 @@ def fail(engine: Engine, job: Job, delay: float = 0.0) -> JobState:
 
 def promote(engine: Engine) -> int:
     with engine.begin() as connection:
-        return Scheduler(unique=True).run_once(connection)
+        return Scheduler().run_once(connection)
 
 
 def _in(delta: dt.timedelta) -> dt.datetime:

@@ -191,7 +191,7 @@ def test_racing_inserters_replace_an_expired_holder_exactly_once(engine: Engine)
 def test_racing_inserters_after_until_start_holders_started(engine: Engine) -> None:
     with Session(engine) as session, session.begin():
         sa_jobs.insert_many(session, [Account(a) for a in range(KEYS)], unique=UNTIL_START)
-    started = fetch_jobs(engine, "default", KEYS, "test-concurrency", unique=True)
+    started = fetch_jobs(engine, "default", KEYS, "test-concurrency")
     assert len(started) == KEYS
     assert holders_by_account(engine) == {}
 
@@ -214,7 +214,7 @@ def test_racing_inserters_and_fetchers_of_until_start_jobs(engine: Engine) -> No
     def work(index: int, connection: Connection) -> Outcomes:
         if index % 2:
             for _ in range(2):
-                fetch_jobs(engine, "default", 1, f"fetcher-{index}", unique=True)
+                fetch_jobs(engine, "default", 1, f"fetcher-{index}")
             return []
         return racing_inserts(UNTIL_START)(index, connection)
 

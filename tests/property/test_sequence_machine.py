@@ -49,9 +49,9 @@ from sa_jobs import InsertManyParams, InsertOpts, JobState, SequenceOpts
 from sa_jobs.complete import Ending, Outcome, finish_in
 from sa_jobs.errors import JobStateError
 from sa_jobs.models import job_table
-from sa_jobs.sequence import SequencePromoter
 from sa_jobs.states import FINAL_STATES
 from sa_jobs.worker.maintenance.scheduler import Scheduler
+from sa_jobs.worker.maintenance.sequence_repair import SequenceRepair
 from sa_jobs.worker.producer import fetch_jobs
 
 KEYS = 3
@@ -284,7 +284,7 @@ class SequenceMachine(RuleBasedStateMachine):
     @rule()
     def repair_pass(self) -> None:
         with self.engine.begin() as connection:
-            assert SequencePromoter().run_once(connection) == 0
+            assert SequenceRepair().run_once(connection) == 0
 
     # -------------------------------------------------------------- invariants
 

@@ -426,7 +426,7 @@ class UniqueJobsMachine(RuleBasedStateMachine):
         """Fetch one job from a queue that has some, as a worker does; returns its id."""
         queues = sorted({self.model.jobs[i].queue for i in self.jobs_in(JobState.AVAILABLE)})
         queue = data.draw(st.sampled_from(queues), label="queue")
-        fetched = fetch_jobs(self.engine, queue, 1, "machine", unique=True)
+        fetched = fetch_jobs(self.engine, queue, 1, "machine")
         startable = {
             j.id
             for j in self.model.jobs.values()
@@ -513,7 +513,7 @@ class UniqueJobsMachine(RuleBasedStateMachine):
     @rule()
     def schedule(self) -> None:
         with self.engine.begin() as connection:
-            promoted = Scheduler(unique=True).run_once(connection)
+            promoted = Scheduler().run_once(connection)
         assert promoted == self.model.schedule()
         if promoted:
             event("schedule: promoted some")

@@ -8,6 +8,7 @@ import attrs
 from sqlalchemy import Connection, delete, func, select
 
 from sa_jobs.models import Job, WorkerProcess
+from sa_jobs.schema import ALL_FEATURES, Features
 from sa_jobs.sql import seconds_interval
 from sa_jobs.states import JobState
 
@@ -29,11 +30,11 @@ def _older_than(age: dt.timedelta) -> object:
 
 class Cleaner:
     def __init__(
-        self, retention: Retention, limit: int = 10_000, *, sequence: bool = False
+        self, retention: Retention, limit: int = 10_000, *, features: Features = ALL_FEATURES
     ) -> None:
         self.retention = retention
         self.limit = limit
-        self.sequence = sequence
+        self.features = features
 
     def run_once(self, connection: Connection) -> int:
         """Delete up to ``limit`` expired jobs per state; returns how many went."""
@@ -46,7 +47,7 @@ class Cleaner:
             if keep is None:
                 continue
             conditions = [Job.state == state, Job.finalized_at < _older_than(keep)]
-            if self.sequence:
+            if self.features.sequence:
                 # A job that halted its sequence is kept until someone resolves it:
                 # deleting it would silently restart the sequence.
                 conditions.append(~Job.sequence_slot)

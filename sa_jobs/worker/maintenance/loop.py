@@ -1,23 +1,36 @@
-"""The maintenance thread: presence for every process, services for the leader only."""
+"""The maintenance thread: what every process does for itself, and what the leader does
+for all.
+
+Every ``heartbeat_interval``, each process writes its heartbeat (:mod:`.heartbeat`),
+rescues the jobs its own id holds that it does not run (:class:`.rescuer.Rescuer` with
+``own``), looks for cancel requests it missed (:mod:`.missed_cancels`), and takes or
+renews the leader's lease (:mod:`.leader`). The leader alone also runs the scheduler,
+the rescuer, the cleaner and — with the sequence branch — the sequence repair, each on
+its own interval. Every step runs in a transaction of its own; a failed step is logged
+and tried again next time.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 from sqlalchemy import Connection, Engine
 
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.sequence import SequencePromoter
+from sa_jobs.schema import Features
 from sa_jobs.worker.backoff import is_transient
 from sa_jobs.worker.maintenance.cleaner import Cleaner, Retention
+from sa_jobs.worker.maintenance.heartbeat import Heartbeat
 from sa_jobs.worker.maintenance.leader import LeaderElection
-from sa_jobs.worker.maintenance.presence import Presence
+from sa_jobs.worker.maintenance.missed_cancels import MissedCancels
 from sa_jobs.worker.maintenance.rescuer import Rescuer, RetryDelay
 from sa_jobs.worker.maintenance.scheduler import Scheduler
+from sa_jobs.worker.maintenance.sequence_repair import SequenceRepair
+from sa_jobs.worker.service import Service
 
 __all__ = ["MaintenanceConfig", "MaintenanceLoop"]
 
@@ -76,81 +89,113 @@ class _Periodic:
     next_at: float = 0.0
 
 
-class MaintenanceLoop:
+class MaintenanceLoop(Service):
+    """The maintenance thread of one worker process.
+
+    Args:
+        engine: The worker's engine.
+        config: The intervals.
+        worker_id: This process's id (its heartbeat row, its lease, its own jobs).
+        queues: The queues it works (recorded in its heartbeat row).
+        held_ids: The jobs it runs or has an unwritten outcome for.
+        running_ids: The jobs it runs.
+        on_cancel: Interrupts one of them.
+        features: The database's feature branches.
+        retry_delay: When a rescued job runs again (the worker's retry policies).
+        stopping: Set when the worker closes.
+    """
+
     def __init__(
         self,
         engine: Engine,
         config: MaintenanceConfig,
-        presence: Presence,
-        election: LeaderElection,
-        closing: threading.Event,
         *,
-        unique: bool = False,
-        sequence: bool = False,
+        worker_id: str,
+        queues: Sequence[str],
+        held_ids: Callable[[], list[int]],
+        running_ids: Callable[[], list[int]],
+        on_cancel: Callable[[int], object],
+        features: Features,
         retry_delay: RetryDelay | None = None,
+        stopping: threading.Event,
     ) -> None:
+        super().__init__("maintenance", stopping)
         self._engine = engine
         self.config = config
-        self.presence = presence
-        self.election = election
-        self.scheduler = Scheduler(unique=unique, sequence=sequence)
-        self.rescuer = Rescuer(config.rescue_after, sequence=sequence)
+        self.worker_id = worker_id
+        self._held_ids = held_ids
+        self.heartbeat = Heartbeat(worker_id, queues)
+        self.election = LeaderElection(worker_id, config.leader_ttl)
+        self.missed_cancels = MissedCancels(running_ids, on_cancel)
+        self.scheduler = Scheduler(features=features)
+        self.rescuer = Rescuer(config.rescue_after, features=features)
         if retry_delay is not None:
             self.rescuer.retry_delay = retry_delay
-        # Every process rescues the jobs its own id holds but it does not (see Presence).
-        presence.rescuer = self.rescuer
-        self.cleaner = Cleaner(config.retention, sequence=sequence)
-        self._closing = closing
+        self.cleaner = Cleaner(config.retention, features=features)
+        self.sequence_repair = SequenceRepair() if features.sequence else None
         self.is_leader = False
-        self._services = [
+        self._leader_steps = [
             _Periodic("scheduler", config.scheduler_interval, self.scheduler.run_once),
             _Periodic("rescuer", config.rescuer_interval, self.rescuer.run_once),
             _Periodic("cleaner", config.cleaner_interval, self.cleaner.run_once),
         ]
-        self.sequence_promoter = SequencePromoter() if sequence else None
-        if self.sequence_promoter is not None:
-            repair = self.sequence_promoter.run_once
-            self._services.append(_Periodic("sequence repair", config.scheduler_interval, repair))
-        self._thread = threading.Thread(target=self._loop, name="sa_jobs-maintenance", daemon=True)
+        if self.sequence_repair is not None:
+            repair = self.sequence_repair.run_once
+            self._leader_steps.append(
+                _Periodic("sequence repair", config.scheduler_interval, repair)
+            )
 
     def start(self) -> None:
         # The heartbeat row must exist before the first fetch, or a rescuer elsewhere could
         # take this process's first jobs for orphans.
-        self._step("heartbeat", self.presence.heartbeat)
-        self._thread.start()
+        self._step("heartbeat", self.heartbeat.run_once)
+        super().start()
 
     def join(self, timeout: float | None = None) -> None:
-        if self._thread.is_alive():
-            self._thread.join(timeout)
+        super().join(timeout)
         self._step("resign", self.election.resign)
-        self._step("deregister", self.presence.deregister)
+        self._step("deregister", self.heartbeat.deregister)
 
     def make_due_jobs_available(self, connection: Connection) -> int:
         """The scheduler's and the sequence repair's work, now (for ``run_until_idle``)."""
         count = self.scheduler.run_once(connection)
-        if self.sequence_promoter is not None:
-            count += self.sequence_promoter.run_once(connection)
+        if self.sequence_repair is not None:
+            count += self.sequence_repair.run_once(connection)
         return count
 
-    def _loop(self) -> None:
-        next_presence = 0.0
-        while not self._closing.is_set():
+    def rescue_own(self, connection: Connection) -> int:
+        """Rescue jobs running under this process's id that it does not hold.
+
+        A job can be ``running`` for this id without this process holding it: a fetch
+        whose COMMIT landed but whose reply was lost, an outcome the completer gave up
+        on, or a predecessor that used the same worker id. The heartbeat would keep the
+        rescuer away from them forever, so the process rescues them itself (after
+        ``rescue_after``, so a fetch in flight is never taken).
+        """
+        return self.rescuer.run_once(connection, own=(self.worker_id, self._held_ids()))
+
+    def run_loop(self) -> None:
+        next_beat = 0.0
+        while not self.stopping.is_set():
             now = time.monotonic()
-            if now >= next_presence:
-                next_presence = now + self.config.heartbeat_interval
-                self._step("presence", self.presence.run_once)
+            if now >= next_beat:
+                next_beat = now + self.config.heartbeat_interval
+                self._step("heartbeat", self.heartbeat.run_once)
+                self._step("own rescue", self.rescue_own)
+                self._step("missed cancels", self.missed_cancels.run_once)
                 was_leader = self.is_leader
                 self.is_leader = bool(self._step("leader election", self.election.run_once))
                 if self.is_leader != was_leader:
                     log.info("%s maintenance leadership", "took" if self.is_leader else "lost")
             if self.is_leader:
-                for service in self._services:
-                    if now >= service.next_at:
-                        service.next_at = now + service.interval
-                        count = self._step(service.name, service.run_once)
+                for step in self._leader_steps:
+                    if now >= step.next_at:
+                        step.next_at = now + step.interval
+                        count = self._step(step.name, step.run_once)
                         if count:
-                            log.info("%s: %d jobs", service.name, count)
-            self._closing.wait(0.05)
+                            log.info("%s: %d jobs", step.name, count)
+            self.passed()
+            self.stopping.wait(0.05)
 
     def _step(self, name: str, action: Callable[[Connection], int | None]) -> int:
         try:

@@ -26,6 +26,7 @@ from sqlalchemy.sql.expression import ColumnElement
 from sa_jobs.complete import Ending, Outcome, finish_in
 from sa_jobs.error_records import message_record
 from sa_jobs.models import Job, WorkerProcess
+from sa_jobs.schema import ALL_FEATURES, Features
 from sa_jobs.sequence import lock_sequences_of_jobs
 from sa_jobs.sql import seconds_interval
 from sa_jobs.states import JobState
@@ -79,12 +80,12 @@ class Rescuer:
         rescue_after: float,
         limit: int = 1000,
         *,
-        sequence: bool = False,
+        features: Features = ALL_FEATURES,
         retry_delay: RetryDelay = _default_retry_delay,
     ) -> None:
         self.rescue_after = rescue_after
         self.limit = limit
-        self.sequence = sequence
+        self.features = features
         self.retry_delay = retry_delay
 
     def run_once(
@@ -100,7 +101,7 @@ class Rescuer:
         candidates = list(connection.scalars(jobs_orphaned(self.rescue_after, self.limit, own=own)))
         if not candidates:
             return []
-        if self.sequence:
+        if self.features.sequence:
             # Sequence locks before row locks, in the order inserters take them.
             lock_sequences_of_jobs(connection, candidates)
         with Session(bind=connection, expire_on_commit=False) as session:

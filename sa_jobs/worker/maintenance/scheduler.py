@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Select, Text, case, func, literal, null, sele
 from sqlalchemy import cast as sql_cast
 
 from sa_jobs.models import Job, holds_unique_key, job_state_type, job_table
-from sa_jobs.schema import INSERT_CHANNEL
+from sa_jobs.schema import ALL_FEATURES, INSERT_CHANNEL, Features
 from sa_jobs.sequence import advance_sequences
 from sa_jobs.states import UNIQUE_CONFLICT_KEY, JobState
 
@@ -122,18 +122,15 @@ def _key_taken_by(due: Any) -> Select[Any]:
 
 
 class Scheduler:
-    def __init__(
-        self, limit: int = 10_000, *, unique: bool = False, sequence: bool = False
-    ) -> None:
+    def __init__(self, limit: int = 10_000, *, features: Features = ALL_FEATURES) -> None:
         self.limit = limit
-        self.unique = unique
-        self.sequence = sequence
+        self.features = features
 
     def run_once(self, connection: Connection) -> int:
         """Returns the number of jobs made available."""
-        rows = connection.execute(jobs_schedule_due(self.limit, unique=self.unique)).all()
+        rows = connection.execute(jobs_schedule_due(self.limit, unique=self.features.unique)).all()
         discarded = [job_id for job_id, state, _ in rows if state is JobState.DISCARDED]
-        if self.sequence and discarded:
+        if self.features.sequence and discarded:
             # A discarded job in a sequence passes its slot on (or halts it) like any other.
             advance_sequences(connection, discarded)
         return sum(1 for _, state, _ in rows if state is JobState.AVAILABLE)

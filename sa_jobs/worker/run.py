@@ -1,0 +1,267 @@
+"""One start-to-stop run of a :class:`~sa_jobs.worker.Worker`: its threads and state.
+
+:meth:`Worker.start` builds a :class:`WorkerRun` and :meth:`Worker.stop` tears it down,
+so a worker can be started again. The run wires the pieces, each in its own module:
+producers fetch (:mod:`.producer`), a pool of threads and an event loop run handlers
+(:mod:`.pool`, :mod:`.aio`, :mod:`.execution`), the watchdog enforces timeouts
+(:mod:`.watchdog`), the completer writes outcomes (:mod:`.completer`), the notifier
+listens (:mod:`.notifier`) and the maintenance thread keeps the table healthy
+(:mod:`.maintenance.loop`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Literal, Protocol
+
+from sqlalchemy import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from sa_jobs.complete import Outcome
+from sa_jobs.models import Job
+from sa_jobs.schema import Features
+from sa_jobs.worker.aio import EventLoopThread
+from sa_jobs.worker.completer import BatchCompleter, Completer, InlineCompleter, OutcomeWriter
+from sa_jobs.worker.execution import Execution, Interrupt, run_async, run_sync
+from sa_jobs.worker.handlers import HandlerRegistry
+from sa_jobs.worker.maintenance.loop import MaintenanceConfig, MaintenanceLoop
+from sa_jobs.worker.notifier import Notifier
+from sa_jobs.worker.pool import HandlerThreads
+from sa_jobs.worker.producer import Producer, fetch_jobs
+from sa_jobs.worker.retry import RetryPolicy
+from sa_jobs.worker.watchdog import Watchdog
+
+__all__ = ["SHUTDOWN_FLUSH_TIMEOUT", "THREAD_JOIN_TIMEOUT", "RunSettings", "WorkerRun"]
+
+log = logging.getLogger("sa_jobs.worker")
+
+#: How long :meth:`Worker.stop` gives the completer to write the last outcomes, by
+#: default, and each background thread to finish, before leaving them to the rescuer.
+SHUTDOWN_FLUSH_TIMEOUT = 10.0
+THREAD_JOIN_TIMEOUT = 5.0
+
+
+class RunSettings(Protocol):
+    """What a run needs of its worker (the :class:`~sa_jobs.worker.Worker` itself)."""
+
+    engine: Engine
+    queues: dict[str, int]
+    id: str
+    retry_policy: RetryPolicy
+    async_engine: AsyncEngine | None
+    handlers: HandlerRegistry
+    maintenance_config: MaintenanceConfig
+    poll_interval: float
+    interrupt_grace: float
+    stuck_thread_limit: int
+
+    @property
+    def completer_kind(self) -> Literal["batch", "inline"]: ...
+
+    def retry_delay_for(self, job: Job) -> tuple[float, str | None]: ...
+
+
+class WorkerRun:
+    """One start-to-stop run of a worker: every thread and piece of state it needs."""
+
+    def __init__(self, worker: RunSettings) -> None:
+        self.worker = worker
+        self.engine = worker.engine
+        self.stop_requested = threading.Event()
+        self.cancel_requested = threading.Event()
+        #: Producers stop fetching; the other services keep going until ``closing``.
+        self.stopping_fetch = threading.Event()
+        self.closing = threading.Event()
+        self._lock = threading.Lock()
+        self._executions: dict[int, Execution] = {}
+        self._started: list[str] = []
+
+    # -- start and stop
+
+    def start(self) -> None:
+        worker = self.worker
+        with self.engine.connect() as connection:
+            features = Features.of(connection)
+        handlers = worker.handlers.all()
+        self.pool = HandlerThreads("sa_jobs-job", worker.stuck_thread_limit, self._release_slot)
+        needs_loop = any(h.is_async for h in handlers)
+        self.loop = EventLoopThread(self.engine, worker.async_engine) if needs_loop else None
+        writer = OutcomeWriter(
+            self.engine,
+            features=features,
+            give_up_after=worker.maintenance_config.rescue_after,
+            retry_delay=lambda job: worker.retry_delay_for(job)[0],
+        )
+        self.completer: Completer = (
+            BatchCompleter(writer) if worker.completer_kind == "batch" else InlineCompleter(writer)
+        )
+        self.watchdog = Watchdog(worker.interrupt_grace)
+        self.producers = {
+            queue: Producer(
+                queue,
+                concurrency,
+                fetch=lambda q, limit: fetch_jobs(
+                    self.engine, q, limit, worker.id, features=features
+                ),
+                dispatch=self._dispatch,
+                poll_interval=worker.poll_interval,
+                stopping=self.stopping_fetch,
+            )
+            for queue, concurrency in worker.queues.items()
+        }
+        self.maintenance = MaintenanceLoop(
+            self.engine,
+            worker.maintenance_config,
+            worker_id=worker.id,
+            queues=list(worker.queues),
+            held_ids=self.held_ids,
+            running_ids=self.running_ids,
+            on_cancel=self.cancel_running,
+            features=features,
+            retry_delay=worker.retry_delay_for,
+            stopping=self.closing,
+        )
+        self.notifier = Notifier(
+            self.engine,
+            on_queue=self.wake_queue,
+            on_cancel=self.cancel_running,
+            on_connect=self.wake_all,
+            stopping=self.closing,
+        )
+        if self.loop is not None:
+            self.loop.start()
+            self._started.append("loop")
+            if any(h.is_async and h.wants_session for h in handlers):
+                self.loop.check_async_engine()
+        self.maintenance.start()
+        self._started.append("maintenance")
+        self.completer.start()
+        self._started.append("completer")
+        self.watchdog.start()
+        self._started.append("watchdog")
+        for producer in self.producers.values():
+            producer.start()
+        self._started.append("producers")
+        self.notifier.start()
+        self._started.append("notifier")
+        log.info("worker %s started: queues %s", worker.id, worker.queues)
+
+    def request_stop(self, cancel: bool) -> None:
+        if cancel:
+            self.cancel_requested.set()
+        self.stop_requested.set()
+
+    def stop(
+        self, *, cancel: bool, timeout: float | None, flush_timeout: float = SHUTDOWN_FLUSH_TIMEOUT
+    ) -> None:
+        self.request_stop(cancel)
+        started = set(self._started)
+        self.stopping_fetch.set()
+        if "producers" in started:
+            for producer in self.producers.values():
+                producer.wake()
+            for producer in self.producers.values():
+                producer.join(THREAD_JOIN_TIMEOUT)
+        if "watchdog" in started:
+            self._drain(timeout)
+        if "completer" in started:
+            self.completer.stop(flush_timeout)
+        if "watchdog" in started:
+            self.watchdog.stop(THREAD_JOIN_TIMEOUT)
+        if "loop" in started and self.loop is not None:
+            self.loop.stop(THREAD_JOIN_TIMEOUT)
+        if hasattr(self, "pool"):
+            self.pool.shutdown()
+        self.closing.set()
+        if "notifier" in started:
+            self.notifier.join(THREAD_JOIN_TIMEOUT)
+        if "maintenance" in started:
+            self.maintenance.join(THREAD_JOIN_TIMEOUT)
+        log.info("worker %s stopped", self.worker.id)
+
+    def _drain(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        interrupted = False
+        while self.running_ids():
+            late = deadline is not None and time.monotonic() > deadline
+            if (self.cancel_requested.is_set() or late) and not interrupted:
+                interrupted = True
+                log.info("interrupting %d running jobs", len(self.running_ids()))
+                for execution in self._running_executions():
+                    self.watchdog.interrupt_now(execution, Interrupt.SHUTDOWN)
+            time.sleep(0.01)
+
+    # -- running jobs
+
+    def _dispatch(self, job: Job) -> None:
+        handler = self.worker.handlers.find(job.kind)
+        execution = Execution(
+            job, handler, self.worker.retry_policy, self._settled, on_begin=self.watchdog.watch
+        )
+        with self._lock:
+            self._executions[job.id] = execution
+        if handler is not None and handler.is_async:
+            assert self.loop is not None
+            self.loop.submit(run_async(execution, self.loop.async_engine))
+        else:
+            self.pool.submit(run_sync, execution, self.engine)
+
+    def _settled(self, execution: Execution, outcome: Outcome | None, by_runner: bool) -> None:
+        job = execution.job
+        if outcome is not None:
+            self.completer.submit(outcome)
+            if outcome.error is not None:
+                log.warning(
+                    "job %d (%s) attempt %d: %s",
+                    job.id,
+                    job.kind,
+                    job.attempt,
+                    outcome.error.get("error"),
+                )
+        with self._lock:
+            self._executions.pop(job.id, None)
+        if by_runner:
+            self._release_slot(execution)
+        else:
+            self.pool.settled_without_thread(execution)
+
+    def _release_slot(self, execution: Execution) -> None:
+        self.producers[execution.job.queue].release()
+
+    def cancel_running(self, job_id: int) -> bool:
+        with self._lock:
+            execution = self._executions.get(job_id)
+        if execution is None:
+            return False
+        self.watchdog.interrupt_now(execution, Interrupt.CANCELLED)
+        return True
+
+    def held_ids(self) -> list[int]:
+        """Jobs this process is running or has an unwritten outcome for."""
+        return self.running_ids() + list(self.completer.pending_ids())
+
+    def running_ids(self) -> list[int]:
+        with self._lock:
+            return list(self._executions)
+
+    def _running_executions(self) -> list[Execution]:
+        with self._lock:
+            return list(self._executions.values())
+
+    def wake_queue(self, queue: str) -> None:
+        producer = self.producers.get(queue)
+        if producer is not None:
+            producer.wake()
+
+    def wake_all(self) -> None:
+        for producer in self.producers.values():
+            producer.wake()
+
+    def idle(self) -> bool:
+        return (
+            all(p.drained for p in self.producers.values())
+            and not self.running_ids()
+            and self.completer.pending() == 0
+        )
