@@ -33,18 +33,23 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.sql.dml import ReturningUpdate
 
 from sa_jobs.errors import JobNotFoundError, JobStateError
-from sa_jobs.models import Job, job_state_type
+from sa_jobs.models import Job, entering
 from sa_jobs.schema import Features
 from sa_jobs.sequence import advance_sequences, lock_keys_of_jobs
 from sa_jobs.sql import json_recordset, seconds_interval
-from sa_jobs.states import CANCEL_ATTEMPTED_KEY, FINAL_STATES, JOB_KEY_REPLACED_KEY, JobState
+from sa_jobs.states import (
+    CANCEL_ATTEMPTED_KEY,
+    FINAL_STATES,
+    JOB_KEY_REPLACED_KEY,
+    RUNS_AGAIN_STATES,
+    JobState,
+)
 
 __all__ = ["Outcome", "complete_in", "jobs_finish"]
 
@@ -161,8 +166,7 @@ def _build_finish(
         (Job.attempt >= Job.max_attempts, JobState.DISCARDED.value),
         else_=JobState.RETRYABLE.value,
     )
-    final_values = [state.value for state in FINAL_STATES]
-    runs_again = [JobState.SCHEDULED.value, JobState.RETRYABLE.value, JobState.AVAILABLE.value]
+    runs_again = [state.value for state in RUNS_AGAIN_STATES]
     gives_attempt_back = and_(
         ending.in_([Ending.SNOOZED.value, Ending.RETURNED.value]), next_state.in_(runs_again)
     )
@@ -176,8 +180,7 @@ def _build_finish(
         update(Job)
         .where(*guards)
         .values(
-            state=sql_cast(next_state, job_state_type),
-            finalized_at=case((next_state.in_(final_values), func.now()), else_=null()),
+            **entering(next_state),
             # Only a job that will run again gets a new time: a cancelled or discarded
             # job keeps the scheduled_at it had.
             scheduled_at=case(

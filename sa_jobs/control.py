@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sqlalchemy import case, func, literal, null, select, update
+from sqlalchemy import Text, case, func, literal, null, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from sa_jobs import sequence
 from sa_jobs.errors import JobNotFoundError, JobStateError, UniqueConflictError
-from sa_jobs.models import Job, holds_unique_key, job_state_type, job_table, unique_index
+from sa_jobs.models import Job, entering, holds_unique_key, job_table, unique_index
 from sa_jobs.schema import CONTROL_CHANNEL, Features
 from sa_jobs.states import CANCEL_ATTEMPTED_KEY, FINAL_STATES, JobState
 
@@ -45,8 +45,8 @@ def cancel_job(session: Session, job_id: int) -> Job:
         sequence.lock_sequences_of_jobs(connection, [job_id])
     running = Job.state == JobState.RUNNING
     values: dict[str, Any] = {
-        "state": case((running, Job.state), else_=literal(JobState.CANCELLED, job_state_type)),
-        "finalized_at": case((running, null()), else_=func.now()),
+        # A running job stays running until its worker ends the run.
+        **entering(case((running, Job.state.cast(Text)), else_=JobState.CANCELLED.value)),
         "metadata_": Job.metadata_.op("||")(
             func.jsonb_build_object(CANCEL_ATTEMPTED_KEY, func.now())
         ),

@@ -128,7 +128,7 @@ def insert_job(args: object, opts: InsertOpts | None = None, **options: Any) -> 
     Raises:
         InvalidOptionsError: with a ``job_key``: a keyed add may need a second round when
             a worker starts the existing job mid-statement, which one statement cannot
-            do; use :func:`insert` or :func:`enqueue`.
+            do; use :func:`insert` or :func:`sa_jobs.enqueue`.
     """
     rows = build_rows([(args, insert_opts(opts, options))])
     if rows[0].get("job_key") is not None:

@@ -29,10 +29,13 @@ from sqlalchemy import (
     Table,
     Text,
     and_,
+    case,
     event,
     func,
+    null,
     text,
 )
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import ARRAY, BIT, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.sql.expression import ColumnElement, FromClause
@@ -303,6 +306,17 @@ class Job(Base):
 
 
 job_table: Table = Job.__table__  # type: ignore[assignment]
+
+
+def entering(next_state: ColumnElement[Any]) -> dict[str, Any]:
+    """The values of a transition to ``next_state`` (an expression giving a state's name):
+    the state, and ``finalized_at`` set exactly when it is final — the one way every
+    transition keeps the table's ``finalized_iff_final`` CHECK."""
+    finals = [state.value for state in FINAL_STATES]
+    return {
+        "state": sql_cast(next_state, job_state_type),
+        "finalized_at": case((next_state.in_(finals), func.now()), else_=null()),
+    }
 
 
 def holds_unique_key(jobs: FromClause) -> ColumnElement[bool]:

@@ -1,6 +1,6 @@
 """One start-to-stop run of a :class:`~sa_jobs.worker.Worker`: its threads and state.
 
-:meth:`Worker.start` builds a :class:`WorkerRun` and :meth:`Worker.stop` tears it down,
+:meth:`~sa_jobs.worker.Worker.start` builds a :class:`WorkerRun` and :meth:`~sa_jobs.worker.Worker.stop` tears it down,
 so a worker can be started again. The run wires the pieces, each in its own module:
 producers fetch (:mod:`.producer`), a pool of threads and an event loop run handlers
 (:mod:`.pool`, :mod:`.aio`, :mod:`.execution`), the watchdog enforces timeouts
@@ -37,7 +37,7 @@ __all__ = ["SHUTDOWN_FLUSH_TIMEOUT", "THREAD_JOIN_TIMEOUT", "RunSettings", "Work
 
 log = logging.getLogger("sa_jobs.worker")
 
-#: How long :meth:`Worker.stop` gives the completer to write the last outcomes, by
+#: How long :meth:`~sa_jobs.worker.Worker.stop` gives the completer to write the last outcomes, by
 #: default, and each background thread to finish, before leaving them to the rescuer.
 SHUTDOWN_FLUSH_TIMEOUT = 10.0
 THREAD_JOIN_TIMEOUT = 5.0

@@ -44,7 +44,7 @@ class Backoff:
 class Service:
     """A background daemon thread with a start, a stop and a loop of passes.
 
-    Subclasses implement :meth:`run_loop`, which runs until :attr:`stopping` is set and
+    Subclasses implement :meth:`run_loop`, which runs until ``stopping`` is set and
     calls :meth:`passed` once per pass.
     """
 

@@ -2,7 +2,7 @@
 
 River cannot tell a slow job from a dead worker, so it rescues any job running longer
 than a horizon that must exceed every timeout. sa_jobs can tell: every worker process
-heartbeats (:mod:`.presence`), and a ``running`` job is rescued only when the process
+heartbeats (:mod:`.heartbeat`), and a ``running`` job is rescued only when the process
 that fetched it has not heartbeated for ``rescue_after`` seconds (or its row is gone).
 A live worker's jobs are never touched, however long they run — the worker enforces
 their timeouts itself.

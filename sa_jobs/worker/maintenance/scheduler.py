@@ -12,9 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import Connection, Select, Text, case, func, literal, null, select, update
-from sqlalchemy import cast as sql_cast
 
-from sa_jobs.models import Job, holds_unique_key, job_state_type, job_table
+from sa_jobs.models import Job, entering, holds_unique_key, job_table
 from sa_jobs.schema import ALL_FEATURES, INSERT_CHANNEL, Features
 from sa_jobs.sequence import advance_sequences
 from sa_jobs.states import UNIQUE_CONFLICT_KEY, JobState
@@ -46,11 +45,7 @@ def jobs_schedule_due(limit: int, *, unique: bool = False) -> Select[Any]:
         target = taken_by
         conflict = taken_by.c.taken_by.is_not(None)
         values = {
-            "state": sql_cast(
-                case((conflict, JobState.DISCARDED.value), else_=JobState.AVAILABLE.value),
-                job_state_type,
-            ),
-            "finalized_at": case((conflict, func.now()), else_=null()),
+            **entering(case((conflict, JobState.DISCARDED.value), else_=JobState.AVAILABLE.value)),
             "metadata_": case(
                 (
                     conflict,
