@@ -1,4 +1,4 @@
-"""Declarative job args: attrs classes, the kind registry, and JSON conversion.
+"""Declarative job args: the ``@job_args`` decorator, ``field``, kinds and their registry.
 
 A job args class is an ordinary attrs class that carries its *kind* (the string stored
 in every job row) and per-kind insert defaults::

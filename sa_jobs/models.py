@@ -1,4 +1,4 @@
-"""The job row: :class:`Job`, :class:`JobState`, and the indexes the queue relies on.
+"""The tables: :class:`Job`, the worker and leader rows, and the indexes the queue relies on.
 
 The model is the single description of the schema in Python; the Alembic scripts in
 ``sa_jobs/migrations`` create the same thing, and a test checks that autogenerate finds

@@ -1,7 +1,7 @@
 """One start-to-stop run of a :class:`~sa_jobs.worker.Worker`: its threads and state.
 
-:meth:`~sa_jobs.worker.Worker.start` builds a :class:`WorkerRun` and :meth:`~sa_jobs.worker.Worker.stop` tears it down,
-so a worker can be started again. The run wires the pieces, each in its own module:
+``Worker.start`` builds a :class:`WorkerRun` and ``Worker.stop`` tears it down, so a
+worker can be started again. The run wires the pieces, each in its own module:
 producers fetch (:mod:`.producer`), a pool of threads and an event loop run handlers
 (:mod:`.pool`, :mod:`.aio`, :mod:`.execution`), the watchdog enforces timeouts
 (:mod:`.watchdog`), the completer writes outcomes (:mod:`.completer`), the notifier

@@ -1,4 +1,4 @@
-"""The :class:`Worker`: wires producers, executions, the completer and maintenance.
+"""The :class:`Worker`: configuration, handlers, and the start/stop of its runs.
 
 A ``Worker`` is configuration plus handlers; each :meth:`Worker.start` builds a fresh
 :class:`WorkerRun` (threads, pools, producers) and :meth:`Worker.stop` tears it down, so a
