@@ -31,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
     Integer,
     Select,
@@ -160,7 +161,8 @@ def lock_sequences_of_jobs(connection: Connection, job_ids: Sequence[int]) -> No
 
 def ids_param(job_ids: Sequence[int]) -> Select[Any]:
     """``SELECT unnest(:ids)``: job ids known in Python, as one bound array."""
-    return select(func.unnest(bindparam("sa_jobs_job_ids", list(job_ids), type_=ARRAY(Integer))))
+    # Job ids are bigint: an int[] parameter would overflow past 2**31 - 1.
+    return select(func.unnest(bindparam("sa_jobs_job_ids", list(job_ids), type_=ARRAY(BigInteger))))
 
 
 # --------------------------------------------------------------------------- inserting

@@ -10,6 +10,7 @@ pending job.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Select, exists, func, select
@@ -27,13 +28,21 @@ from sa_jobs.states import JobState
 __all__ = ["SequenceRepair", "jobs_stalled_sequences"]
 
 
-def jobs_stalled_sequences(limit: int) -> Select[Any]:
-    """Ids of the lowest pending job of sequences that have waiting jobs and no holder."""
+def jobs_stalled_sequences(limit: int, among: Sequence[int] | None = None) -> Select[Any]:
+    """Ids of the lowest pending job of sequences that have waiting jobs and no holder.
+
+    With ``among``, only the sequences of those jobs are looked at.
+    """
     holder = job_table.alias("holder")
     waiting = job_table.alias("waiting")
+    conditions = []
+    if among is not None:
+        keys = select(Job.sequence_key).where(Job.id.in_(ids_param(among)))
+        conditions.append(waiting.c.sequence_key.in_(keys))
     return (
         select(func.min(waiting.c.id).label("id"))
         .where(
+            *conditions,
             waiting.c.sequence_key.is_not(None),
             waiting.c.state == JobState.PENDING,
             ~exists().where(
@@ -65,8 +74,9 @@ class SequenceRepair:
         if not candidates:
             return restarted
         connection.execute(lock_keys_of_jobs(ids_param(candidates)))
-        # Under the locks, with a fresh snapshot: take only sequences still without holder.
-        stalled = jobs_stalled_sequences(self.limit).subquery("still_stalled")
+        # Under the locks, with a fresh snapshot: take only the sequences whose locks were
+        # just taken, and only those still without a holder.
+        stalled = jobs_stalled_sequences(self.limit, among=candidates).subquery("still_stalled")
         keys = select(Job.sequence_key).where(Job.id.in_(select(stalled.c.id))).cte("stalled_keys")
         promoted, _ = connection.execute(promote_next(keys)).one()
         return restarted + int(promoted)

@@ -1,0 +1,32 @@
+WITH job_rows_parsed AS MATERIALIZED
+(SELECT job_rows.ord AS ord, job_rows.kind AS kind, job_rows.args AS args, job_rows.queue AS queue, job_rows.priority AS priority, job_rows.max_attempts AS max_attempts, job_rows.tags AS tags, job_rows.metadata AS metadata, job_rows.scheduled_at AS scheduled_at, job_rows.unique_key AS unique_key, job_rows.unique_states AS unique_states, job_rows.unique_ttl AS unique_ttl, job_rows.unique_until_start AS unique_until_start, job_rows.sequence_key AS sequence_key, job_rows.sequence_continue_on_cancelled AS sequence_continue_on_cancelled, job_rows.sequence_continue_on_discarded AS sequence_continue_on_discarded, job_rows.job_key AS job_key
+FROM jsonb_to_recordset(%(sa_jobs_rows)s::JSONB) AS job_rows(ord INTEGER, kind TEXT, args JSONB, queue TEXT, priority SMALLINT, max_attempts SMALLINT, tags TEXT[], metadata JSONB, scheduled_at TIMESTAMP WITH TIME ZONE, unique_key BYTEA, unique_states BIT(8), unique_ttl FLOAT, unique_until_start BOOLEAN, sequence_key BYTEA, sequence_continue_on_cancelled BOOLEAN, sequence_continue_on_discarded BOOLEAN, job_key TEXT)),
+released_unique_keys AS
+(UPDATE sa_job SET unique_key=NULL WHERE (SELECT min(ttl_holder.unique_expires_at) AS min_1
+FROM sa_job AS ttl_holder
+WHERE ttl_holder.unique_key IS NOT NULL AND ttl_holder.unique_states IS NOT NULL AND sa_job_state_in_bitmask(ttl_holder.unique_states, ttl_holder.state) AND ttl_holder.unique_expires_at IS NOT NULL) <= now() AND sa_job.unique_key = ANY (array((SELECT job_rows_parsed.unique_key
+FROM job_rows_parsed
+WHERE job_rows_parsed.unique_key IS NOT NULL))) AND sa_job.unique_key IS NOT NULL AND sa_job.unique_states IS NOT NULL AND sa_job_state_in_bitmask(sa_job.unique_states, sa_job.state) AND coalesce(sa_job.unique_expires_at, 'infinity') <= now() RETURNING sa_job.id),
+sequence_locks AS
+(SELECT count(pg_advisory_xact_lock(%(pg_advisory_xact_lock_1)s::INTEGER, ordered_lock_numbers.n)) AS count_1
+FROM (SELECT lock_numbers.n AS n
+FROM (SELECT DISTINCT get_byte(job_rows_parsed.sequence_key, %(get_byte_1)s::INTEGER) AS n
+FROM job_rows_parsed
+WHERE job_rows_parsed.sequence_key IS NOT NULL) AS lock_numbers ORDER BY lock_numbers.n) AS ordered_lock_numbers)
+ INSERT INTO sa_job (kind, args, state, queue, priority, max_attempts, tags, metadata, scheduled_at, unique_key, unique_states, unique_expires_at, unique_until_start, sequence_key, sequence_slot, sequence_continue_on_cancelled, sequence_continue_on_discarded) SELECT job_rows_parsed.kind, job_rows_parsed.args, CAST(CASE WHEN (job_rows_parsed.sequence_key IS NOT NULL AND (coalesce(count(*) FILTER (WHERE NOT (job_rows_parsed.unique_key IS NOT NULL AND (EXISTS (SELECT *
+FROM sa_job AS unique_holder
+WHERE unique_holder.unique_key = job_rows_parsed.unique_key AND unique_holder.unique_key IS NOT NULL AND unique_holder.unique_states IS NOT NULL AND sa_job_state_in_bitmask(unique_holder.unique_states, unique_holder.state) AND (unique_holder.unique_expires_at IS NULL OR unique_holder.unique_expires_at > now()))))) OVER (PARTITION BY job_rows_parsed.sequence_key ORDER BY job_rows_parsed.ord ROWS BETWEEN UNBOUNDED PRECEDING AND %(param_1)s::INTEGER PRECEDING), %(coalesce_1)s::INTEGER) > %(coalesce_2)s::INTEGER OR (EXISTS (SELECT *
+FROM sa_job AS holder
+WHERE holder.sequence_key = job_rows_parsed.sequence_key AND holder.sequence_key IS NOT NULL AND holder.sequence_slot)) OR (EXISTS (SELECT *
+FROM sa_job AS waiting
+WHERE waiting.sequence_key = job_rows_parsed.sequence_key AND waiting.sequence_key IS NOT NULL AND waiting.state = %(state_1)s)))) THEN %(param_2)s::VARCHAR WHEN (coalesce(job_rows_parsed.scheduled_at, now()) > now()) THEN %(param_3)s::VARCHAR ELSE %(param_4)s::VARCHAR END AS sa_job_state) AS anon_1, job_rows_parsed.queue, job_rows_parsed.priority, job_rows_parsed.max_attempts, job_rows_parsed.tags, job_rows_parsed.metadata, coalesce(job_rows_parsed.scheduled_at, now()) AS coalesce_3, job_rows_parsed.unique_key, CASE WHEN (job_rows_parsed.unique_key IS NOT NULL) THEN coalesce(job_rows_parsed.unique_states, B'11111100') ELSE NULL END AS anon_2, CASE WHEN (job_rows_parsed.unique_ttl IS NOT NULL) THEN greatest(coalesce(job_rows_parsed.scheduled_at, now()), now()) + make_interval(%(make_interval_1)s::INTEGER, %(make_interval_2)s::INTEGER, %(make_interval_3)s::INTEGER, %(make_interval_4)s::INTEGER, %(make_interval_5)s::INTEGER, %(make_interval_6)s::INTEGER, job_rows_parsed.unique_ttl) ELSE NULL END AS anon_3, coalesce(job_rows_parsed.unique_until_start, %(coalesce_5)s) AS coalesce_4, job_rows_parsed.sequence_key, job_rows_parsed.sequence_key IS NOT NULL AND NOT (job_rows_parsed.sequence_key IS NOT NULL AND (coalesce(count(*) FILTER (WHERE NOT (job_rows_parsed.unique_key IS NOT NULL AND (EXISTS (SELECT *
+FROM sa_job AS unique_holder
+WHERE unique_holder.unique_key = job_rows_parsed.unique_key AND unique_holder.unique_key IS NOT NULL AND unique_holder.unique_states IS NOT NULL AND sa_job_state_in_bitmask(unique_holder.unique_states, unique_holder.state) AND (unique_holder.unique_expires_at IS NULL OR unique_holder.unique_expires_at > now()))))) OVER (PARTITION BY job_rows_parsed.sequence_key ORDER BY job_rows_parsed.ord ROWS BETWEEN UNBOUNDED PRECEDING AND %(param_1)s::INTEGER PRECEDING), %(coalesce_1)s::INTEGER) > %(coalesce_2)s::INTEGER OR (EXISTS (SELECT *
+FROM sa_job AS holder
+WHERE holder.sequence_key = job_rows_parsed.sequence_key AND holder.sequence_key IS NOT NULL AND holder.sequence_slot)) OR (EXISTS (SELECT *
+FROM sa_job AS waiting
+WHERE waiting.sequence_key = job_rows_parsed.sequence_key AND waiting.sequence_key IS NOT NULL AND waiting.state = %(state_1)s)))) AS anon_4, coalesce(job_rows_parsed.sequence_continue_on_cancelled, %(coalesce_7)s) AS coalesce_6, coalesce(job_rows_parsed.sequence_continue_on_discarded, %(coalesce_9)s) AS coalesce_8
+FROM job_rows_parsed
+WHERE (SELECT count(*) AS count_2
+FROM released_unique_keys) >= %(param_5)s::INTEGER AND (SELECT count(*) AS count_3
+FROM sequence_locks) >= %(param_6)s::INTEGER ORDER BY job_rows_parsed.unique_key, job_rows_parsed.ord ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL AND unique_states IS NOT NULL AND sa_job_state_in_bitmask(unique_states, state) DO UPDATE SET kind = sa_job.kind RETURNING sa_job.id, sa_job.kind, sa_job.args, sa_job.state, sa_job.queue, sa_job.priority, sa_job.attempt, sa_job.max_attempts, sa_job.errors, sa_job.metadata, sa_job.tags, sa_job.scheduled_at, sa_job.attempted_at, sa_job.attempted_by, sa_job.created_at, sa_job.finalized_at, sa_job.run_count, xmax <> 0 AS unique_skipped_as_duplicate

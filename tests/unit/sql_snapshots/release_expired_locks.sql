@@ -1,0 +1,5 @@
+UPDATE sa_job SET unique_key=NULL WHERE (SELECT min(ttl_holder.unique_expires_at) AS min_1
+FROM sa_job AS ttl_holder
+WHERE ttl_holder.unique_key IS NOT NULL AND ttl_holder.unique_states IS NOT NULL AND sa_job_state_in_bitmask(ttl_holder.unique_states, ttl_holder.state) AND ttl_holder.unique_expires_at IS NOT NULL) <= now() AND sa_job.unique_key = ANY (array((SELECT job_rows.unique_key
+FROM jsonb_to_recordset(%(sa_jobs_rows)s::JSONB) AS job_rows(ord INTEGER, kind TEXT, args JSONB, queue TEXT, priority SMALLINT, max_attempts SMALLINT, tags TEXT[], metadata JSONB, scheduled_at TIMESTAMP WITH TIME ZONE, unique_key BYTEA, unique_states BIT(8), unique_ttl FLOAT, unique_until_start BOOLEAN, sequence_key BYTEA, sequence_continue_on_cancelled BOOLEAN, sequence_continue_on_discarded BOOLEAN, job_key TEXT)
+WHERE job_rows.unique_key IS NOT NULL))) AND sa_job.unique_key IS NOT NULL AND sa_job.unique_states IS NOT NULL AND sa_job_state_in_bitmask(sa_job.unique_states, sa_job.state) AND coalesce(sa_job.unique_expires_at, 'infinity') <= now() RETURNING sa_job.id
