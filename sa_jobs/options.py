@@ -119,7 +119,10 @@ def check_timeout(timeout: object) -> dt.timedelta | None:
     if timeout is None:
         return None
     if isinstance(timeout, int | float) and not isinstance(timeout, bool):
-        if isinstance(timeout, float) and not math.isfinite(timeout):
+        finite = not isinstance(timeout, float) or math.isfinite(timeout)
+        if finite and timeout < 0:
+            return None  # River's -1, however large
+        if not finite:
             raise InvalidOptionsError(
                 "timeout",
                 f"must be a finite number of seconds, got {timeout!r}; use None for no limit",
@@ -213,6 +216,8 @@ def _unique_states(value: Iterable[JobState | str] | None) -> frozenset[JobState
         return None
     if isinstance(value, str):
         raise InvalidOptionsError("by_state", "must be a list of states, not a string")
+    if not isinstance(value, Iterable):
+        raise InvalidOptionsError("by_state", f"must be a list of states, got {value!r}")
     try:
         states = frozenset(JobState(state) for state in value)
     except ValueError as exc:

@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 import attrs
 
 from sa_jobs.args import JobKind, check_kind_name, default_registry, encode_args
+from sa_jobs.errors import InvalidJobArgsError
 from sa_jobs.jsonvalue import check_json_document
 from sa_jobs.models import Job
 from sa_jobs.options import InsertOpts, KindDefaults, ResolvedInsert
@@ -87,6 +88,11 @@ def row_of_job(job: Job) -> JobRow:
     defaults = registered.defaults if registered is not None else KindDefaults()
     check_kind_name(job.kind)
     args_json = job.args_json if job.args_json is not None else {}
+    if not isinstance(args_json, dict | list):
+        raise InvalidJobArgsError(
+            f"a job's args must be a JSON object or array, got {type(args_json).__name__} "
+            f"for kind {job.kind!r}"
+        )
     check_json_document(args_json, f"job of kind {job.kind!r}")
     return _row(registered, job.kind, args_json, opts.resolve(defaults))
 
