@@ -10,11 +10,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import URL, Engine, create_engine, text
+from sqlalchemy import URL, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from sa_jobs.devdb import Server, find_server
-from tests.databases import migrated_database
+from tests.factories import clear_workers_and_leader
+from tests.helpers import (
+    empty_job_table,
+    engine_at,
+    migrated_database,
+    recorded_statements,
+    reset_effects,
+)
 
 
 @pytest.fixture(scope="session")
@@ -33,18 +40,15 @@ def database_url(pg_server: Server) -> Iterator[URL]:
 
 @pytest.fixture(scope="session")
 def engine(database_url: URL) -> Iterator[Engine]:
-    engine = create_engine(database_url, pool_size=20, max_overflow=20)
-    yield engine
-    engine.dispose()
+    with engine_at(database_url, pool_size=20, max_overflow=20) as engine:
+        yield engine
 
 
 @pytest.fixture(autouse=True)
 def _empty_job_table(request: pytest.FixtureRequest) -> None:
     if "engine" not in request.fixturenames:
         return
-    engine: Engine = request.getfixturevalue("engine")
-    with engine.begin() as connection:
-        connection.execute(text("TRUNCATE sa_job RESTART IDENTITY"))
+    empty_job_table(request.getfixturevalue("engine"))
 
 
 @pytest.fixture
@@ -61,8 +65,28 @@ def core_only_url(pg_server: Server) -> Iterator[URL]:
 
 @pytest.fixture
 def core_only(core_only_url: URL) -> Iterator[Engine]:
-    engine = create_engine(core_only_url)
-    with engine.begin() as connection:
-        connection.execute(text("TRUNCATE sa_job RESTART IDENTITY"))
-    yield engine
-    engine.dispose()
+    with engine_at(core_only_url) as engine:
+        empty_job_table(engine)
+        yield engine
+
+
+@pytest.fixture
+def no_workers_or_leader(engine: Engine) -> Iterator[None]:
+    """No heartbeat rows and no maintenance lease, before and after the test (other tests'
+    workers leave theirs)."""
+    clear_workers_and_leader(engine)
+    yield
+    clear_workers_and_leader(engine)
+
+
+@pytest.fixture
+def statements(engine: Engine) -> Iterator[list[str]]:
+    """Every SQL statement the engine sends while the test runs."""
+    with recorded_statements(engine) as seen:
+        yield seen
+
+
+@pytest.fixture
+def effect_table(engine: Engine) -> None:
+    """The (empty) table handlers write their effects to (see ``tests.helpers.effects``)."""
+    reset_effects(engine)

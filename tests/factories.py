@@ -30,7 +30,7 @@ __all__ = [
     "job_row",
     "leader_row",
     "make_job",
-    "make_worker",
+    "make_worker_row",
     "seconds",
     "when",
 ]
@@ -124,8 +124,8 @@ def expire_ttl_locks(bind: Bind, job_ids: Sequence[int] | None = None) -> None:
     _run(bind, statement)
 
 
-def make_worker(bind: Bind, worker_id: str, *, heartbeat_at: When = dt.timedelta(0)) -> None:
-    """Write (or move) a worker's heartbeat row."""
+def make_worker_row(bind: Bind, worker_id: str, *, heartbeat_at: When = dt.timedelta(0)) -> None:
+    """Write (or move) a worker process's heartbeat row (no worker runs behind it)."""
     statement = pg_insert(WorkerProcess).values(
         id=worker_id, hostname="factory", pid=0, queues=["default"], heartbeat_at=when(heartbeat_at)
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import URL, Engine, text
 
-from tests.acceptance.processes import WorkerProcessHandle
+from tests.acceptance.processes import WORKER_APP, WorkerProcessHandle
 from tests.acceptance.worker_app import RUNS_DDL, RUNS_TABLE
 from tests.factories import clear_workers_and_leader
 
@@ -31,11 +31,13 @@ def runs_table(engine: Engine) -> Iterator[None]:
 def spawn(
     database_url: URL, tmp_path: Path, runs_table: None, request: pytest.FixtureRequest
 ) -> Iterator[Spawn]:
-    """Start ``worker_app.py`` processes; every one is killed at teardown if still alive."""
+    """Start worker processes (``worker_app`` unless ``app`` names another module); every
+    one is killed at teardown if still alive, and its output shown if the test failed."""
     started: list[WorkerProcessHandle] = []
 
-    def start(worker_id: str, **env: str) -> WorkerProcessHandle:
-        handle = WorkerProcessHandle(database_url, tmp_path / f"{worker_id}.log", worker_id, env)
+    def start(worker_id: str, app: str = WORKER_APP, **env: str) -> WorkerProcessHandle:
+        log_path = tmp_path / f"{worker_id}.log"
+        handle = WorkerProcessHandle(database_url, log_path, worker_id, env, app)
         started.append(handle)
         return handle
 

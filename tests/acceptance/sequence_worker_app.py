@@ -1,6 +1,6 @@
 """A worker process for the sequence stress test.
 
-Run as ``python tests/acceptance/sequence_worker_app.py`` with:
+Run as ``python -m tests.acceptance.sequence_worker_app`` (from the repository's root) with:
 
 * ``SA_JOBS_TEST_URL`` — the database (required);
 * ``SA_JOBS_TEST_WORKER_ID`` — the worker's id (optional);
@@ -31,9 +31,10 @@ from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.orm import Session
 
 import sa_jobs
-from sa_jobs import Job, MaintenanceConfig, SequenceOpts, Worker
+from sa_jobs import Job, SequenceOpts, Worker
 from sa_jobs.worker.maintenance.scheduler import Scheduler
 from sa_jobs.worker.maintenance.sequence_repair import SequenceRepair
+from tests.helpers import fast_maintenance
 
 RUNS_TABLE = "sequence_stress_runs"
 REPAIRS_TABLE = "sequence_stress_repairs"
@@ -59,7 +60,7 @@ DDL = (
 )
 
 #: Rescue far beyond the test's length: a slow machine must not make jobs run twice.
-MAINTENANCE = MaintenanceConfig(
+MAINTENANCE = fast_maintenance(
     heartbeat_interval=0.5, rescue_after=60.0, leader_ttl=2.0, scheduler_interval=0.1
 )
 #: Handlers sleep up to this long, so runs of different sequences overlap.

@@ -24,9 +24,9 @@ from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 import sa_jobs
-from sa_jobs import Job, JobState, MaintenanceConfig, Worker
+from sa_jobs import Job, JobState, Worker
 from sa_jobs.devdb import Server, start_embedded
-from tests.acceptance.processes import wait_for
+from tests.helpers import engine_at, fast_maintenance, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -91,9 +91,8 @@ def embedded_url(embedded: EmbeddedPostgres) -> Iterator[URL]:
     with admin.connect() as connection:
         connection.execute(text(f'CREATE DATABASE "{name}"'))
     url = embedded.server.url.set(database=name)
-    engine = create_engine(url)
-    sa_jobs.migrate(engine)
-    engine.dispose()
+    with engine_at(url) as engine:
+        sa_jobs.migrate(engine)
     try:
         yield url
     finally:
@@ -142,7 +141,7 @@ def test_worker_survives_database_restarts_and_loses_no_job(
         engine,
         queues={"default": 8},
         poll_interval=0.2,
-        maintenance=MaintenanceConfig(
+        maintenance=fast_maintenance(
             heartbeat_interval=0.3,
             rescue_after=3.0,
             leader_ttl=1.0,
@@ -156,20 +155,21 @@ def test_worker_survives_database_restarts_and_loses_no_job(
     def work(job: Job) -> None:
         with lock:
             executions[job.id].append(job.attempt)
-        time.sleep(0.01)
+        time.sleep(0.01)  # the job's work: runs are in flight when the server goes
 
     enqueuer = Enqueuer(enqueue_engine)
     worker.start()
     enqueuer.start()
     try:
-        time.sleep(1.0)
+        # The phases last real time, under load: the enqueuer commits all along.
+        time.sleep(1.0)  # busy before the first restart
         embedded.restart()
-        time.sleep(1.0)
+        time.sleep(1.0)  # busy between the restarts
         embedded.stop()
         time.sleep(1.5)  # no server at all for a while
         embedded.start()
         committed_before_last_start = len(enqueuer.committed)
-        time.sleep(1.5)
+        time.sleep(1.5)  # busy after the last start
         enqueuer.halt.set()
         enqueuer.join(10)
         assert len(enqueuer.committed) > committed_before_last_start, "enqueuer never recovered"
@@ -179,21 +179,17 @@ def test_worker_survives_database_restarts_and_loses_no_job(
                 states = set(connection.scalars(select(Job.state).distinct()))
             return states == {JobState.COMPLETED}
 
-        wait_for(settled, 30, "every job to complete after the restarts")
+        wait_until(settled, timeout=30, what="every job to complete after the restarts")
     finally:
         enqueuer.halt.set()
         worker.stop(cancel=True)
         engine.dispose()
         enqueue_engine.dispose()
 
-    check_engine = create_engine(embedded_url)
-    try:
-        with check_engine.connect() as connection:
-            rows: list[Any] = connection.execute(
-                select(Job.id, Job.args_json["token"].astext, Job.state, Job.attempt)
-            ).all()
-    finally:
-        check_engine.dispose()
+    with engine_at(embedded_url) as check_engine, check_engine.connect() as connection:
+        rows: list[Any] = connection.execute(
+            select(Job.id, Job.args_json["token"].astext, Job.state, Job.attempt)
+        ).all()
 
     tokens = {row[1] for row in rows}
     assert len(rows) == len(tokens), "a token was inserted twice"

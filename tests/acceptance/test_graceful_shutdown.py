@@ -12,15 +12,12 @@ from sqlalchemy.orm import Session
 import sa_jobs
 from sa_jobs import JobState
 from tests.acceptance.conftest import Spawn
-from tests.acceptance.processes import get_job, runs, started, wait_for
+from tests.acceptance.processes import runs, started
 from tests.acceptance.worker_app import LongJob, PoisonJob, QuickJob
+from tests.factories import job_row
+from tests.helpers import add_job, wait_until
 
 pytestmark = pytest.mark.slow
-
-
-def insert_long(engine: Engine, args: LongJob) -> int:
-    with Session(engine) as session, session.begin():
-        return sa_jobs.insert(session, args).job.id
 
 
 def test_sigterm_lets_the_running_job_finish_and_exits_cleanly(
@@ -28,24 +25,24 @@ def test_sigterm_lets_the_running_job_finish_and_exits_cleanly(
 ) -> None:
     worker = spawn("graceful")
     worker.wait_ready(engine)
-    job_id = insert_long(engine, LongJob(first=1.5))
-    wait_for(lambda: started(engine, job_id, attempt=1), 10, "the job to start")
+    job_id = add_job(engine, LongJob(first=1.5))
+    wait_until(lambda: started(engine, job_id, attempt=1), timeout=10, what="the job to start")
 
     worker.signal(signal.SIGTERM)
-    time.sleep(0.5)
+    time.sleep(0.5)  # time to stop fetching, and for a worker that did not wait to exit
     # Still finishing its job, and no longer taking new ones.
     assert worker.popen.poll() is None
     with Session(engine) as session, session.begin():
         late_id = sa_jobs.insert(session, QuickJob()).job.id
 
     assert worker.wait(15) == 0
-    job = get_job(engine, job_id)
+    job = job_row(engine, job_id)
     assert job.state is JobState.COMPLETED
     assert job.attempt == 1
     assert job.errors == []
     assert [(r.attempt, r.event) for r in runs(engine, job_id)] == [(1, "start"), (1, "end")]
     # The job enqueued after SIGTERM was left for another worker.
-    assert get_job(engine, late_id).state is JobState.AVAILABLE
+    assert job_row(engine, late_id).state is JobState.AVAILABLE
     assert runs(engine, late_id) == []
 
 
@@ -55,18 +52,18 @@ def test_second_signal_interrupts_the_job_and_gives_its_attempt_back(
 ) -> None:
     worker = spawn(f"hard-stop-{second.name}")
     worker.wait_ready(engine)
-    job_id = insert_long(engine, LongJob(first=60))
-    before = get_job(engine, job_id)
-    wait_for(lambda: started(engine, job_id, attempt=1), 10, "the job to start")
+    job_id = add_job(engine, LongJob(first=60))
+    before = job_row(engine, job_id)
+    wait_until(lambda: started(engine, job_id, attempt=1), timeout=10, what="the job to start")
 
     worker.signal(signal.SIGTERM)
-    time.sleep(0.5)
+    time.sleep(0.5)  # time for a worker that did not wait for the job to exit
     assert worker.popen.poll() is None, "the first SIGTERM must wait for the running job"
-    assert get_job(engine, job_id).state is JobState.RUNNING
+    assert job_row(engine, job_id).state is JobState.RUNNING
 
     worker.signal(second)
     assert worker.wait(10) == 0
-    job = get_job(engine, job_id)
+    job = job_row(engine, job_id)
     assert job.state is JobState.AVAILABLE
     assert job.finalized_at is None
     # No attempt spent: as many attempts remain as when it was inserted (attempt 0).
@@ -81,17 +78,17 @@ def test_hard_stop_exits_even_if_the_handler_ignores_cancellation(
 ) -> None:
     worker = spawn("stuck", SA_JOBS_TEST_GRACE="0.5")
     worker.wait_ready(engine)
-    job_id = insert_long(engine, LongJob(first=20, interruptible=False))
-    wait_for(lambda: started(engine, job_id, attempt=1), 10, "the job to start")
+    job_id = add_job(engine, LongJob(first=20, interruptible=False))
+    wait_until(lambda: started(engine, job_id, attempt=1), timeout=10, what="the job to start")
 
     worker.signal(signal.SIGTERM)
-    time.sleep(0.3)
+    # Handled: the next SIGTERM is a second signal, not one merged with the first.
+    worker.wait_logged("SIGTERM: finishing running jobs")
     worker.signal(signal.SIGTERM)
     # The worker gives the job back after the grace period...
-    wait_for(
-        lambda: get_job(engine, job_id).state is JobState.AVAILABLE,
-        5,
-        "the stuck job to be given back",
+    wait_until(
+        lambda: job_row(engine, job_id).state is JobState.AVAILABLE,
+        what="the stuck job to be given back",
     )
     # ...and then the process must go away rather than keep running the handler.
     assert worker.wait(3) == 0
@@ -110,15 +107,19 @@ def test_sigterm_stops_a_worker_whose_handler_raised_an_unstorable_error(
             r.job.id for r in sa_jobs.insert_many(session, [QuickJob(n) for n in range(5)])
         ]
     for job_id in quick_ids:
-        wait_for(
-            lambda job_id=job_id: get_job(engine, job_id).state is JobState.COMPLETED,
-            15,
-            f"job {job_id}",
+        wait_until(
+            lambda job_id=job_id: job_row(engine, job_id).state is JobState.COMPLETED,
+            timeout=15,
+            what=f"job {job_id}",
         )
-    wait_for(lambda: get_job(engine, poison_id).state is not JobState.RUNNING, 15, "the poison job")
+    wait_until(
+        lambda: job_row(engine, poison_id).state is not JobState.RUNNING,
+        timeout=15,
+        what="the poison job",
+    )
 
     worker.signal(signal.SIGTERM)
     assert worker.wait(15) == 0
-    poisoned = get_job(engine, poison_id)
+    poisoned = job_row(engine, poison_id)
     assert poisoned.state is JobState.RETRYABLE
     assert poisoned.errors[-1]["error"] == "ValueError: poison \ufffd in the message"

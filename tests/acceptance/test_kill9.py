@@ -12,8 +12,10 @@ from sqlalchemy.orm import Session
 import sa_jobs
 from sa_jobs import JobState
 from tests.acceptance.conftest import Spawn
-from tests.acceptance.processes import get_job, job_states, runs, started, wait_for
+from tests.acceptance.processes import runs, started
 from tests.acceptance.worker_app import LongJob, QuickJob
+from tests.factories import job_row
+from tests.helpers import job_states, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -32,25 +34,27 @@ def test_killed_workers_jobs_are_rescued_and_completed_by_another_process(
             for r in sa_jobs.insert_many(session, [QuickJob(n=i, sleep=0.05) for i in range(50)])
         ]
 
-    wait_for(lambda: started(engine, long_id, attempt=1), 10, "the long job to start")
+    wait_until(
+        lambda: started(engine, long_id, attempt=1), timeout=10, what="the long job to start"
+    )
     first.signal(signal.SIGKILL)
     assert first.wait(10) == -signal.SIGKILL
     before_kill = runs(engine)
     ended_in_first = {r.job_id for r in before_kill if r.pid == first.pid and r.event == "end"}
     cut_short = {r.job_id for r in before_kill if r.pid == first.pid} - ended_in_first
-    assert get_job(engine, long_id).state is JobState.RUNNING
+    assert job_row(engine, long_id).state is JobState.RUNNING
 
     second = spawn("kill9-second")
     second.wait_ready(engine)
     every_id = {long_id, *quick_ids}
-    wait_for(
+    wait_until(
         lambda: set(job_states(engine).values()) == {JobState.COMPLETED},
-        20,
-        "every job to complete",
+        timeout=20,
+        what="every job to complete",
     )
     assert set(job_states(engine)) == every_id
 
-    long_job = get_job(engine, long_id)
+    long_job = job_row(engine, long_id)
     assert long_job.attempt == 2
     assert long_job.attempted_by == ["kill9-first", "kill9-second"]
     (error,) = long_job.errors
@@ -69,7 +73,7 @@ def test_killed_workers_jobs_are_rescued_and_completed_by_another_process(
     ends = collections.Counter(r.job_id for r in runs(engine) if r.event == "end")
     assert set(ends) == every_id
     for job_id in quick_ids:
-        job = get_job(engine, job_id)
+        job = job_row(engine, job_id)
         if job.attempt == 1:
             assert job.errors == []
             continue
@@ -77,7 +81,7 @@ def test_killed_workers_jobs_are_rescued_and_completed_by_another_process(
         assert job.attempted_by == ["kill9-first", "kill9-second"]
         assert ["RescuedError" in e["error"] for e in job.errors] == [True]
     for job_id in cut_short:
-        assert get_job(engine, job_id).attempt == 2
+        assert job_row(engine, job_id).attempt == 2
 
     second.signal(signal.SIGTERM)
     assert second.wait(15) == 0

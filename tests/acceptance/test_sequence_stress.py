@@ -2,7 +2,7 @@
 
 The jobs are inserted in interleaved batches *while* both workers run, so inserts race
 completions and promotions. Every handler records its start and end with the database's
-clock (``sequence_worker_app.py``). Afterwards, per sequence: the runs never overlap,
+clock (``sequence_worker_app``). Afterwards, per sequence: the runs never overlap,
 they start in id order, and all 1,000 jobs completed exactly once — with no help from
 the maintenance repair pass, and well within a minute.
 """
@@ -10,22 +10,17 @@ the maintenance repair pass, and well within a minute.
 from __future__ import annotations
 
 import itertools
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-from sqlalchemy import URL, Engine, func, select, text
+from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
 import sa_jobs
-from sa_jobs.models import Job, WorkerProcess
+from sa_jobs.models import Job
 from sa_jobs.states import JobState
-from tests.acceptance.processes import wait_for
+from tests.acceptance.conftest import Spawn
 from tests.acceptance.sequence_worker_app import (
     DDL,
     REPAIRS_TABLE,
@@ -34,58 +29,17 @@ from tests.acceptance.sequence_worker_app import (
     StressJobInTx,
 )
 from tests.factories import clear_workers_and_leader
+from tests.helpers import count_jobs, wait_until
 
 pytestmark = pytest.mark.slow
 
-APP = Path(__file__).with_name("sequence_worker_app.py")
+SEQUENCE_APP = "tests.acceptance.sequence_worker_app"
 SEQUENCES = 20
 JOBS_PER_SEQUENCE = 50
 TOTAL = SEQUENCES * JOBS_PER_SEQUENCE
 THREADS_PER_PROCESS = 8
 INSERT_BATCHES = 10
 DEADLINE = 50.0
-
-
-class App:
-    """One worker process running ``sequence_worker_app.py``."""
-
-    def __init__(self, url: URL, worker_id: str, log_path: Path) -> None:
-        self.worker_id = worker_id
-        self.log_path = log_path
-        self._log = log_path.open("wb")
-        env = {
-            **os.environ,
-            "SA_JOBS_TEST_URL": url.render_as_string(hide_password=False),
-            "SA_JOBS_TEST_WORKER_ID": worker_id,
-            "SA_JOBS_TEST_THREADS": str(THREADS_PER_PROCESS),
-            "PYTHONUNBUFFERED": "1",
-        }
-        self.popen = subprocess.Popen(
-            [sys.executable, str(APP)],
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=Path(__file__).parents[2],
-        )
-
-    def output(self) -> str:
-        if not self._log.closed:
-            self._log.flush()
-        return self.log_path.read_text(errors="replace")[-6000:]
-
-    def stop(self, timeout: float = 20) -> int:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-        try:
-            return self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"{self.worker_id} did not stop:\n{self.output()}") from None
-
-    def kill(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait(10)
-        self._log.close()
 
 
 @pytest.fixture
@@ -101,31 +55,6 @@ def tables(engine: Engine) -> Iterator[None]:
             connection.execute(text(ddl))
     yield
     drop()
-
-
-@pytest.fixture
-def apps(
-    database_url: URL, tables: None, tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[list[App]]:
-    started = [App(database_url, f"stress-{n}", tmp_path / f"stress-{n}.log") for n in range(2)]
-    try:
-        yield started
-    finally:
-        for app in started:
-            app.kill()
-        report = getattr(request.node, "rep_call", None)
-        if report is not None and report.failed:
-            for app in started:
-                print(f"--- output of {app.worker_id} ---\n{app.output()}")
-
-
-def heartbeating(engine: Engine, apps: list[App]) -> bool:
-    for app in apps:
-        if app.popen.poll() is not None:
-            raise AssertionError(f"{app.worker_id} exited early:\n{app.output()}")
-    with engine.connect() as connection:
-        found = set(connection.scalars(select(WorkerProcess.id)))
-    return {app.worker_id for app in apps} <= found
 
 
 def insert_interleaved(engine: Engine) -> dict[int, int]:
@@ -144,21 +73,27 @@ def insert_interleaved(engine: Engine) -> dict[int, int]:
     return sequence_of
 
 
-def completed(engine: Engine) -> int:
-    with engine.connect() as connection:
-        return connection.scalar(
-            select(func.count()).select_from(Job).where(Job.state == JobState.COMPLETED)
-        )
-
-
+@pytest.mark.usefixtures("tables")
 def test_twenty_sequences_of_fifty_jobs_on_two_worker_processes(
-    engine: Engine, apps: list[App]
+    engine: Engine, spawn: Spawn
 ) -> None:
-    wait_for(lambda: heartbeating(engine, apps), 20, "both workers to heartbeat")
+    threads = str(THREADS_PER_PROCESS)
+    apps = [spawn(f"stress-{n}", app=SEQUENCE_APP, SA_JOBS_TEST_THREADS=threads) for n in range(2)]
+    wait_until(
+        lambda: all(app.heartbeating(engine) for app in apps),
+        timeout=20,
+        interval=0.05,
+        what="both workers to heartbeat",
+    )
     began = time.monotonic()
 
     sequence_of = insert_interleaved(engine)
-    wait_for(lambda: completed(engine) == TOTAL, DEADLINE, f"all {TOTAL} jobs to complete")
+    wait_until(
+        lambda: count_jobs(engine, JobState.COMPLETED) == TOTAL,
+        timeout=DEADLINE,
+        interval=0.05,
+        what=f"all {TOTAL} jobs to complete",
+    )
     elapsed = time.monotonic() - began
     for app in apps:
         assert app.stop() == 0, app.output()

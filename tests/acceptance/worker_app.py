@@ -1,6 +1,6 @@
 """A worker process for the acceptance tests.
 
-Run as ``python tests/acceptance/worker_app.py`` with:
+Run as ``python -m tests.acceptance.worker_app`` (from the repository's root) with:
 
 * ``SA_JOBS_TEST_URL`` — the database (required);
 * ``SA_JOBS_TEST_WORKER_ID`` — the worker's id (optional);
@@ -24,7 +24,8 @@ import time
 from sqlalchemy import Engine, create_engine, text
 
 import sa_jobs
-from sa_jobs import Job, MaintenanceConfig, Worker
+from sa_jobs import Job, Worker
+from tests.helpers import FAST_RESCUE
 
 RUNS_TABLE = "acceptance_runs"
 RUNS_DDL = f"""
@@ -37,14 +38,6 @@ CREATE TABLE {RUNS_TABLE} (
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 )
 """
-
-FAST = MaintenanceConfig(
-    heartbeat_interval=0.2,
-    rescue_after=1.0,
-    leader_ttl=0.6,
-    scheduler_interval=0.1,
-    rescuer_interval=0.1,
-)
 
 
 @sa_jobs.job_args(kind="acceptance_long")
@@ -93,13 +86,13 @@ def long_job(job: Job) -> None:
     while time.monotonic() < deadline:
         if args.interruptible:
             job.check_cancelled()
-        time.sleep(0.02)
+        time.sleep(0.02)  # the job's work, in small steps
     record(job, "end")
 
 
 def quick_job(job: Job) -> None:
     record(job, "start")
-    time.sleep(job.args.sleep)
+    time.sleep(job.args.sleep)  # the job's work
     record(job, "end")
 
 
@@ -123,7 +116,7 @@ def main() -> None:
         queues={"default": 10},
         job_timeout=None,
         poll_interval=0.5,
-        maintenance=FAST,
+        maintenance=FAST_RESCUE,
         interrupt_grace=float(os.environ.get("SA_JOBS_TEST_GRACE", "5")),
         worker_id=os.environ.get("SA_JOBS_TEST_WORKER_ID"),
     )

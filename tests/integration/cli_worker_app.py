@@ -37,7 +37,7 @@ def make_worker() -> sa_jobs.Worker:
 
     @worker.handler(Linger)
     def linger(job: sa_jobs.Job) -> None:
-        time.sleep(job.args.seconds)
+        time.sleep(job.args.seconds)  # the job's work, still running when SIGTERM comes
         print(f"lingered {job.args.seconds} s", flush=True)
 
     return worker

@@ -11,7 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.adapt import Loader
-from sqlalchemy import URL, Engine, create_engine, event, func, select, text
+from sqlalchemy import URL, Engine, event, select, text
 from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
@@ -22,7 +22,7 @@ from sa_jobs.insert import ABORTED_TRANSACTION_NOTE
 from sa_jobs.worker.maintenance.rescuer import Rescuer
 from sa_jobs.worker.producer import fetch_jobs
 from tests.factories import clear_workers_and_leader, job_row, make_job, seconds
-from tests.integration.worker_helpers import FixedDelay, db_now, make_worker
+from tests.helpers import FixedDelay, count_jobs, db_now, engine_at, make_worker
 
 UTC = dt.UTC
 
@@ -42,10 +42,6 @@ def nested(depth: int) -> dict[str, Any]:
     for _ in range(depth):
         document = {"x": document}
     return document
-
-
-def count_jobs(session: Session) -> int:
-    return int(session.scalar(select(func.count()).select_from(Job)) or 0)
 
 
 # ------------------------------------------------------------------ refused before any SQL
@@ -109,14 +105,13 @@ class UnreadableJsonb(Loader):
 
 @pytest.fixture
 def fussy_engine(database_url: URL) -> Iterator[Engine]:
-    engine = create_engine(database_url)
+    with engine_at(database_url) as engine:
 
-    @event.listens_for(engine, "connect")
-    def fussy(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.adapters.register_loader("jsonb", UnreadableJsonb)
+        @event.listens_for(engine, "connect")
+        def fussy(dbapi_connection: Any, _record: Any) -> None:
+            dbapi_connection.adapters.register_loader("jsonb", UnreadableJsonb)
 
-    yield engine
-    engine.dispose()
+        yield engine
 
 
 def test_a_fetch_that_cannot_load_a_row_marks_nothing_running(

@@ -16,17 +16,20 @@ import sa_jobs
 from sa_jobs import Job, JobState
 from sa_jobs.errors import JobCancelledError, JobStateError, WorkerShutdownError
 from sa_jobs.states import CANCEL_ATTEMPTED_KEY
-from tests.integration.worker_helpers import (
+from tests.helpers import (
     SLOW_HEARTBEAT,
     add_job,
+    cancel,
     db_now,
-    fetch_running,
+    fetch_one,
     get_job,
     make_worker,
+    retry,
     running,
     wait_event,
     wait_for_state,
     wait_listening,
+    wait_until,
 )
 
 
@@ -37,16 +40,6 @@ class Task:
 
 class Boom(Exception):
     pass
-
-
-def cancel(engine: Engine, job_id: int) -> Job:
-    with Session(engine, expire_on_commit=False) as session, session.begin():
-        return sa_jobs.cancel_job(session, job_id)
-
-
-def retry(engine: Engine, job_id: int) -> Job:
-    with Session(engine, expire_on_commit=False) as session, session.begin():
-        return sa_jobs.retry_job(session, job_id)
 
 
 # ------------------------------------------------------------------ cancel_job
@@ -139,7 +132,7 @@ def test_cancelling_a_running_sync_job_that_polls_job_cancelled_cancels_it(
         started.set()
         deadline = time.monotonic() + 10
         while not job.cancelled and time.monotonic() < deadline:
-            time.sleep(0.01)
+            time.sleep(0.01)  # a handler that looks at job.cancelled between steps
         try:
             job.check_cancelled()
         except BaseException as exc:
@@ -165,17 +158,19 @@ def test_a_running_job_that_finishes_its_work_despite_a_cancel_request_ends_comp
     # docs/decisions.md: a cancel request that the handler finishes anyway ends completed.
     job_id = add_job(engine, Task())
     started, release = threading.Event(), threading.Event()
+    runs: list[Job] = []
     worker = make_worker(engine)
 
     @worker.handler(Task, timeout=None)
     def finishes(job: Job) -> None:
+        runs.append(job)
         started.set()
         wait_event(release, "the test to release the handler")
 
     with running(worker):
         wait_event(started, "the handler to start")
         cancel(engine, job_id)
-        time.sleep(0.1)
+        wait_until(lambda: runs[0].cancelled, what="the cancel request to reach the handler")
         release.set()
         job = wait_for_state(engine, job_id, JobState.COMPLETED, timeout=3)
 
@@ -292,7 +287,7 @@ def test_retrying_a_running_job_raises_JobStateError_and_changes_nothing(
     engine: Engine,
 ) -> None:
     job_id = add_job(engine, Task())
-    fetch_running(engine)
+    fetch_one(engine)
 
     with (
         pytest.raises(JobStateError, match=f"cannot retry job {job_id}: it is 'running'"),
@@ -321,7 +316,7 @@ def test_stop_waits_for_a_running_job_to_finish_and_writes_its_completion(
         @worker.handler(Task)
         def slow(job: Job) -> None:
             started.set()
-            time.sleep(0.4)
+            time.sleep(0.4)  # the job's work, which stop() must wait for
             finished.set()
 
     else:
@@ -396,7 +391,7 @@ def test_stop_with_cancel_asked_while_a_plain_stop_waits_escalates_it(
         try:
             for _ in range(1000):
                 job.check_cancelled()
-                time.sleep(0.01)
+                time.sleep(0.01)  # ten seconds of work in small steps
         except BaseException as exc:
             raised.append(type(exc))
             raise
@@ -406,7 +401,7 @@ def test_stop_with_cancel_asked_while_a_plain_stop_waits_escalates_it(
     try:
         wait_event(started, "the handler to start")
         plain_stop.start()
-        time.sleep(0.2)
+        time.sleep(0.2)  # time for a plain stop() that did not wait for the job to return
         assert plain_stop.is_alive()  # waiting for the job
         asked = time.monotonic()
         worker.stop(cancel=True)
@@ -432,8 +427,11 @@ def test_stop_with_cancel_settles_a_sync_handler_that_ignores_it_after_the_grace
     started, woke_up = threading.Event(), threading.Event()
     worker = make_worker(engine, interrupt_grace=0.3)
 
+    handler_threads: list[threading.Thread] = []
+
     @worker.handler(Task, timeout=None)
     def stubborn(job: Job) -> None:
+        handler_threads.append(threading.current_thread())
         started.set()
         time.sleep(1.5)  # never looks at job.cancelled
         woke_up.set()
@@ -454,5 +452,7 @@ def test_stop_with_cancel_settles_a_sync_handler_that_ignores_it_after_the_grace
     assert (job.attempt, job.max_attempts) == (0, 5)
 
     wait_event(woke_up, "the stuck handler to return", timeout=3)
-    time.sleep(0.1)
+    # Its thread ends once the late return is dealt with (the pool was shut down).
+    (thread,) = handler_threads
+    wait_until(lambda: not thread.is_alive(), what="the stuck handler's thread to end")
     assert get_job(engine, job_id).state is JobState.AVAILABLE

@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from sa_jobs import Job, JobState
 from sa_jobs.cli import main
 from sa_jobs.devdb import Server, throwaway_database
 from tests.factories import job_row, make_job
+from tests.helpers import url_text, wait_for_state
 
 HERE = Path(__file__).parent
 
@@ -30,7 +30,7 @@ Run = Callable[..., tuple[int, str, str]]
 @pytest.fixture
 def cli(database_url: URL, engine: Engine, capsys: pytest.CaptureFixture[str]) -> Run:
     """``cli("jobs", "list")`` runs ``sa-jobs jobs list --url <test db>`` in-process."""
-    url = database_url.render_as_string(hide_password=False)
+    url = url_text(database_url)
 
     def run(*argv: str) -> tuple[int, str, str]:
         code = main([*argv, "--url", url])
@@ -266,7 +266,7 @@ def test_the_url_comes_from_the_environment_without_url(
 ) -> None:
     job_id = make_job(engine)
     monkeypatch.delenv("SA_JOBS_DATABASE_URL", raising=False)
-    monkeypatch.setenv("DATABASE_URL", database_url.render_as_string(hide_password=False))
+    monkeypatch.setenv("DATABASE_URL", url_text(database_url))
 
     assert main(["jobs", "list"]) == 0
     assert table_rows(capsys.readouterr().out)[0][0] == str(job_id)
@@ -291,7 +291,7 @@ def test_a_database_without_the_schema_says_to_migrate(
     pg_server: Server, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with throwaway_database(pg_server, prefix="sa_jobs_test_empty") as url:
-        code = main(["jobs", "show", "1", "--url", url.render_as_string(hide_password=False)])
+        code = main(["jobs", "show", "1", "--url", url_text(url)])
     assert code == 1
     assert_one_line_error(capsys.readouterr().err, "sa-jobs migrate")
 
@@ -326,7 +326,7 @@ def test_an_unknown_revision_fails_with_one_line(
     pg_server: Server, capsys: pytest.CaptureFixture[str]
 ) -> None:
     with throwaway_database(pg_server, prefix="sa_jobs_test_cli") as url:
-        code = main(["migrate", "--target", "no_such_rev", "--url", url.render_as_string(False)])
+        code = main(["migrate", "--target", "no_such_rev", "--url", url_text(url)])
     assert code == 1
     assert_one_line_error(capsys.readouterr().err, "no_such_rev")
 
@@ -340,7 +340,7 @@ def test_migrate_over_a_schema_installed_by_another_alembic_env_fails_with_one_l
         with engine.begin() as connection:
             connection.execute(text("DROP TABLE sa_jobs_alembic_version"))
         engine.dispose()
-        code = main(["migrate", "--url", url.render_as_string(False)])
+        code = main(["migrate", "--url", url_text(url)])
     assert code == 1
     assert_one_line_error(capsys.readouterr().err, "another Alembic environment")
 
@@ -364,13 +364,6 @@ def test_work_explains_a_target_it_cannot_use(
     assert_one_line_error(capsys.readouterr().err, message)
 
 
-def wait_for_state(engine: Engine, job_id: int, state: JobState, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (current := job_row(engine, job_id).state) is not state:
-        assert time.monotonic() < deadline, f"job {job_id} is {current}, not {state}"
-        time.sleep(0.02)
-
-
 @pytest.mark.slow
 def test_work_runs_jobs_until_sigterm_and_lets_the_running_one_finish(
     database_url: URL, engine: Engine, tmp_path: Path
@@ -381,7 +374,7 @@ def test_work_runs_jobs_until_sigterm_and_lets_the_running_one_finish(
         touch_id = sa_jobs.insert(session, Touch(label="first")).job.id
     env = {
         **os.environ,
-        "SA_JOBS_DATABASE_URL": database_url.render_as_string(hide_password=False),
+        "SA_JOBS_DATABASE_URL": url_text(database_url),
         "PYTHONUNBUFFERED": "1",
     }
     out_path, err_path = tmp_path / "stdout", tmp_path / "stderr"
@@ -390,10 +383,10 @@ def test_work_runs_jobs_until_sigterm_and_lets_the_running_one_finish(
     with out_path.open("w") as out, err_path.open("w") as err:
         process = subprocess.Popen(command, cwd=HERE, env=env, stdout=out, stderr=err)
     try:
-        wait_for_state(engine, touch_id, JobState.COMPLETED)
+        wait_for_state(engine, touch_id, JobState.COMPLETED, timeout=20)
         with Session(engine) as session, session.begin():
             linger_id = sa_jobs.insert(session, Linger(seconds=1.0)).job.id
-        wait_for_state(engine, linger_id, JobState.RUNNING)
+        wait_for_state(engine, linger_id, JobState.RUNNING, timeout=20)
         process.send_signal(signal.SIGTERM)
         code = process.wait(timeout=30)
     finally:

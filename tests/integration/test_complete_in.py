@@ -15,20 +15,20 @@ from sqlalchemy.orm import Session
 import sa_jobs
 from sa_jobs import Job, JobState
 from sa_jobs.errors import JobNotFoundError, JobStateError
-from tests.integration.worker_helpers import (
+from tests.helpers import (
     NO_DELAY,
     add_job,
     db_now,
     effects,
-    fetch_running,
+    fetch_one,
     get_job,
     make_available,
     make_worker,
-    reset_effects,
     running,
     same_transaction,
     wait_event,
     wait_for_state,
+    wait_stuck_handlers_returned,
     write_effect,
 )
 
@@ -38,9 +38,7 @@ class Task:
     n: int = 0
 
 
-@pytest.fixture(autouse=True)
-def effect_table(engine: Engine) -> None:
-    reset_effects(engine)
+pytestmark = pytest.mark.usefixtures("effect_table")
 
 
 def complete_with_effect(engine: Engine, job: Job, note: str = "") -> None:
@@ -56,7 +54,7 @@ def test_complete_in_completes_the_job_when_the_callers_transaction_commits(
     engine: Engine,
 ) -> None:
     job_id = add_job(engine, Task())
-    job = fetch_running(engine)
+    job = fetch_one(engine)
 
     with Session(engine) as session, session.begin():
         write_effect(session, job, "work")
@@ -78,7 +76,7 @@ def test_complete_in_rolled_back_with_the_callers_transaction_leaves_the_job_run
     engine: Engine,
 ) -> None:
     job_id = add_job(engine, Task())
-    job = fetch_running(engine)
+    job = fetch_one(engine)
 
     with Session(engine) as session:
         session.begin()
@@ -97,7 +95,7 @@ def test_complete_in_rolled_back_with_the_callers_transaction_leaves_the_job_run
 
 def test_completing_a_job_twice_is_a_no_op(engine: Engine) -> None:
     job_id = add_job(engine, Task())
-    job = fetch_running(engine)
+    job = fetch_one(engine)
 
     with Session(engine) as session, session.begin():
         sa_jobs.complete_in(session, job)
@@ -149,9 +147,9 @@ def test_complete_in_for_an_attempt_that_was_superseded_by_a_running_rerun_raise
     engine: Engine,
 ) -> None:
     job_id = add_job(engine, Task())
-    first = fetch_running(engine)
+    first = fetch_one(engine)
     make_available(engine, job_id)  # as if its worker had been presumed dead
-    second = fetch_running(engine)
+    second = fetch_one(engine)
     assert (first.attempt, second.attempt) == (1, 2)
 
     with pytest.raises(JobStateError) as caught:
@@ -172,9 +170,9 @@ def test_complete_in_for_an_attempt_superseded_by_a_completed_rerun_raises(
     engine: Engine,
 ) -> None:
     job_id = add_job(engine, Task())
-    first = fetch_running(engine)
+    first = fetch_one(engine)
     make_available(engine, job_id)
-    second = fetch_running(engine)
+    second = fetch_one(engine)
     complete_with_effect(engine, second, "attempt 2")
 
     with pytest.raises(JobStateError, match=f"cannot complete job {job_id}"):
@@ -187,7 +185,7 @@ def test_complete_in_on_a_job_that_no_longer_exists_raises_JobNotFoundError(
     engine: Engine,
 ) -> None:
     job_id = add_job(engine, Task())
-    job = fetch_running(engine)
+    job = fetch_one(engine)
     with engine.begin() as connection:
         connection.execute(delete(Job).where(Job.id == job_id))
 
@@ -244,7 +242,8 @@ def test_a_session_handler_writes_its_effects_exactly_once_under_a_forced_rerun(
     with running(worker):
         wait_for_state(engine, job_id, JobState.COMPLETED, timeout=3)
         wait_event(woke_up, "attempt 1 to return", timeout=3)
-        time.sleep(0.3)  # time for a (wrong) commit of attempt 1
+        # Attempt 1's transaction is over (rolled back, or wrongly committed) once it returned.
+        wait_stuck_handlers_returned(worker)
 
     job = get_job(engine, job_id)
     assert (job.state, job.attempt) == (JobState.COMPLETED, 2)

@@ -14,6 +14,7 @@ import pytest
 
 from sa_jobs import demo
 from sa_jobs.devdb import Server
+from tests.helpers import url_text
 
 EXAMPLES = Path(__file__).parents[2] / "examples"
 
@@ -97,7 +98,7 @@ def test_example_prints_what_it_always_prints(name: str, pg_server: Server) -> N
     # The example makes its throwaway database on the server the tests use.
     env = {
         **os.environ,
-        "SA_JOBS_DATABASE_URL": pg_server.url.render_as_string(hide_password=False),
+        "SA_JOBS_DATABASE_URL": url_text(pg_server.url),
     }
     result = subprocess.run(
         [sys.executable, str(EXAMPLES / name)],

@@ -7,11 +7,11 @@ import datetime as dt
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import URL, Engine, create_engine, func, select, text
+from sqlalchemy import URL, Engine, create_engine, select, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
@@ -19,29 +19,24 @@ import sa_jobs
 import sa_jobs.worker.run as worker_module
 from sa_jobs import Job, JobState, MaintenanceConfig, Worker
 from sa_jobs.worker.producer import fetch_jobs
-from tests.factories import clear_workers_and_leader, job_row, make_job, seconds
-
-#: Maintenance fast enough for a test to watch a whole cycle.
-FAST = MaintenanceConfig(
-    heartbeat_interval=0.2,
-    rescue_after=1.0,
-    leader_ttl=0.6,
-    scheduler_interval=0.1,
-    rescuer_interval=0.1,
+from tests.factories import job_row, make_job, seconds
+from tests.helpers import (
+    FAST_RESCUE,
+    count_jobs,
+    db_now,
+    job_states,
+    make_worker,
+    wait_idle,
+    wait_until,
 )
+
+pytestmark = pytest.mark.usefixtures("no_workers_or_leader")
 
 
 @sa_jobs.job_args(kind="test_fetch_work")
 class Work:
     n: int = 0
     sleep: float = 0.0
-
-
-@pytest.fixture(autouse=True)
-def _no_workers_or_leader(engine: Engine) -> Iterator[None]:
-    clear_workers_and_leader(engine)
-    yield
-    clear_workers_and_leader(engine)
 
 
 @pytest.fixture
@@ -56,29 +51,8 @@ def workers() -> Iterator[list[Worker]]:
         thread.join(30)
 
 
-def db_now(engine: Engine) -> dt.datetime:
-    with engine.connect() as connection:
-        value = connection.scalar(select(func.now()))
-    assert value is not None
-    return value
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
-
-
-def count_in_state(engine: Engine, state: JobState) -> int:
-    with engine.connect() as connection:
-        return connection.scalar(select(func.count()).where(Job.state == state)) or 0
-
-
 def all_states(engine: Engine) -> collections.Counter[JobState]:
-    with engine.connect() as connection:
-        return collections.Counter(connection.scalars(select(Job.state)))
+    return collections.Counter(job_states(engine).values())
 
 
 # ------------------------------------------------------------------ the fetch query
@@ -212,22 +186,23 @@ class Recorder:
             self.peak[key] = max(self.peak[key], self.running[key])
         try:
             if job.args.sleep:
-                time.sleep(job.args.sleep)
+                time.sleep(job.args.sleep)  # the job's work: it holds its slot meanwhile
         finally:
             with self.lock:
                 self.running[key] -= 1
 
 
-def make_worker(
+def recording_worker(
     engine: Engine,
     recorder: Recorder,
     queues: dict[str, int],
     *,
     worker_id: str,
     poll_interval: float = 1.0,
-    maintenance: MaintenanceConfig = FAST,
+    maintenance: MaintenanceConfig = FAST_RESCUE,
 ) -> Worker:
-    worker = Worker(
+    """A worker whose handler of ``Work`` reports to ``recorder``."""
+    worker = make_worker(
         engine,
         queues=queues,
         poll_interval=poll_interval,
@@ -254,13 +229,15 @@ def test_many_workers_run_every_job_exactly_once(database_url: URL, engine: Engi
     recorder = Recorder()
     engines = [create_engine(database_url, pool_size=10, max_overflow=10) for _ in range(4)]
     workers = [
-        make_worker(e, recorder, queues, worker_id=f"many-{i}") for i, e in enumerate(engines)
+        recording_worker(e, recorder, queues, worker_id=f"many-{i}") for i, e in enumerate(engines)
     ]
     try:
         for worker in workers:
             worker.start()
-        wait_for(
-            lambda: count_in_state(engine, JobState.COMPLETED) == total, 60, "all jobs completed"
+        wait_until(
+            lambda: count_jobs(engine, JobState.COMPLETED) == total,
+            timeout=60,
+            what="all jobs completed",
         )
     finally:
         stoppers = [threading.Thread(target=w.stop) for w in workers]
@@ -290,10 +267,12 @@ def test_per_queue_concurrency_is_reached_and_never_exceeded(
         for queue in queues:
             sa_jobs.insert_many(session, [Work(n=i, sleep=0.1) for i in range(12)], queue=queue)
     recorder = Recorder()
-    worker = make_worker(engine, recorder, queues, worker_id="conc")
+    worker = recording_worker(engine, recorder, queues, worker_id="conc")
     workers.append(worker)
     worker.start()
-    wait_for(lambda: count_in_state(engine, JobState.COMPLETED) == 24, 30, "all jobs completed")
+    wait_until(
+        lambda: count_jobs(engine, JobState.COMPLETED) == 24, timeout=30, what="all jobs completed"
+    )
     assert recorder.peak == {("conc", "ca"): 3, ("conc", "cb"): 2}
 
 
@@ -302,7 +281,7 @@ def test_notify_starts_a_job_at_once_when_polling_is_slow(
 ) -> None:
     recorder = Recorder()
     # Polling every 10 s: only the insert trigger's NOTIFY can start jobs quickly.
-    worker = make_worker(engine, recorder, {"lat": 1}, worker_id="lat", poll_interval=10)
+    worker = recording_worker(engine, recorder, {"lat": 1}, worker_id="lat", poll_interval=10)
     workers.append(worker)
     worker.start()
 
@@ -317,14 +296,18 @@ def test_notify_starts_a_job_at_once_when_polling_is_slow(
     # Warm up: this one starts only after the worker listens (or after its first fetch,
     # which happens once it listens).
     warm_id, _ = enqueue(-1)
-    wait_for(lambda: warm_id in recorder.started_at, 10, "the warm-up job")
+    wait_until(lambda: warm_id in recorder.started_at, timeout=10, what="the warm-up job")
 
     latencies = []
     for n in range(20):
         job_id, committed = enqueue(n)
-        wait_for(lambda job_id=job_id: job_id in recorder.started_at, 3, f"job {n} to start")
+        wait_until(
+            lambda job_id=job_id: job_id in recorder.started_at,
+            timeout=3,
+            what=f"job {n} to start",
+        )
         latencies.append(recorder.started_at[job_id] - committed)
-        time.sleep(0.02)  # let the worker go idle again
+        wait_idle(worker, "lat")  # the next job is woken by its NOTIFY, not found by a busy loop
     assert statistics.median(latencies) < 0.05, latencies
     assert max(latencies) < 1.0, latencies
 
@@ -341,14 +324,14 @@ def test_scheduled_job_waits_for_its_time_then_is_promoted_and_run(
 
     recorder = Recorder()
     # Slow polling: the scheduler's promotion (and its NOTIFY) is what starts the job.
-    worker = make_worker(engine, recorder, {"later": 1}, worker_id="sched", poll_interval=10)
+    worker = recording_worker(engine, recorder, {"later": 1}, worker_id="sched", poll_interval=10)
     workers.append(worker)
     worker.start()
-    time.sleep(due_in / 2)
+    time.sleep(due_in / 2)  # half its delay passes in real time, and it must not run yet
     assert job.id not in recorder.runs, "a job ran before its scheduled time"
     assert job_row(engine, job.id).state is JobState.SCHEDULED
 
-    wait_for(lambda: job_row(engine, job.id).state is JobState.COMPLETED, 5, "the job to run")
+    wait_until(lambda: job_row(engine, job.id).state is JobState.COMPLETED, what="the job to run")
     row = job_row(engine, job.id)
     assert row.attempt == 1
     assert row.attempted_at >= scheduled_at
@@ -370,17 +353,16 @@ def test_jobs_fetched_by_a_commit_whose_reply_was_lost_are_not_lost(
 
     monkeypatch.setattr(worker_module, "fetch_jobs", fetch_losing_the_first_reply)
     recorder = Recorder()
-    worker = make_worker(engine, recorder, {"lost": 1}, worker_id="lost-reply")
+    worker = recording_worker(engine, recorder, {"lost": 1}, worker_id="lost-reply")
     workers.append(worker)
     worker.start()
     with Session(engine) as session, session.begin():
         job_id = sa_jobs.insert(session, Work(), queue="lost").job.id
-    wait_for(lambda: lost == [job_id], 5, "the fetch to lose its reply")
+    wait_until(lambda: lost == [job_id], what="the fetch to lose its reply")
     # rescue_after is 1 s: a few seconds is plenty for any recovery to happen.
-    wait_for(
+    wait_until(
         lambda: job_row(engine, job_id).state is JobState.COMPLETED,
-        5,
-        f"job {job_id} to be worked (it is {job_row(engine, job_id).state})",
+        what=f"job {job_id} to be worked (it is {job_row(engine, job_id).state})",
     )
 
 
@@ -397,11 +379,10 @@ def test_jobs_of_a_dead_process_are_rescued_when_its_successor_reuses_the_worker
         attempted_at=-seconds(30),
     )
     recorder = Recorder()
-    worker = make_worker(engine, recorder, {"reused": 1}, worker_id="pod-0")
+    worker = recording_worker(engine, recorder, {"reused": 1}, worker_id="pod-0")
     workers.append(worker)
     worker.start()
-    wait_for(
+    wait_until(
         lambda: job_row(engine, orphan).state is JobState.COMPLETED,
-        5,
-        f"the orphaned job to be rescued and run (it is {job_row(engine, orphan).state})",
+        what=f"the orphaned job to be rescued and run (it is {job_row(engine, orphan).state})",
     )

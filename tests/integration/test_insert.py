@@ -5,18 +5,17 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import threading
-from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
-from sqlalchemy import URL, Engine, event, func, inspect, select
+from sqlalchemy import URL, Engine, inspect, select
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session, sessionmaker
 
 import sa_jobs
 from sa_jobs import Job, JobState
 from sa_jobs.errors import InvalidJobArgsError, InvalidOptionsError, UnknownKindError
+from tests.helpers import count_jobs, insert_listener, notified_queues
 
 
 @sa_jobs.job_args(kind="test_send_email", queue="mail", max_attempts=5, priority=2)
@@ -28,24 +27,6 @@ class SendEmail:
 @sa_jobs.job_args(kind="test_plain")
 class Plain:
     n: int = 0
-
-
-def count_jobs(engine: Engine) -> int:
-    with Session(engine) as session:
-        return session.scalar(select(func.count()).select_from(Job)) or 0
-
-
-@pytest.fixture
-def statements(engine: Engine) -> Iterator[list[str]]:
-    """Every SQL statement the engine sends while the test runs."""
-    seen: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        seen.append(statement)
-
-    event.listen(engine, "before_cursor_execute", record)
-    yield seen
-    event.remove(engine, "before_cursor_execute", record)
 
 
 # ------------------------------------------------------------------ transactional enqueue
@@ -346,34 +327,19 @@ def test_unknown_kind_on_read_names_the_kind(engine: Engine) -> None:
 # ------------------------------------------------------------------ notifications
 
 
-def _listen(database_url: URL) -> psycopg.Connection[Any]:
-    url = database_url.set(drivername="postgresql")
-    conn = psycopg.connect(url.render_as_string(hide_password=False), autocommit=True)
-    conn.execute("LISTEN sa_jobs_insert")
-    return conn
-
-
-def _drain(conn: psycopg.Connection[Any]) -> list[str]:
-    return [n.payload for n in conn.notifies(timeout=0.5, stop_after=None)]
-
-
 def test_commit_notifies_each_queue_once(engine: Engine, database_url: URL) -> None:
-    listener = _listen(database_url)
-    try:
+    with insert_listener(database_url) as listener:
         with Session(engine, expire_on_commit=False) as session, session.begin():
             for _ in range(3):
                 session.add(sa_jobs.enqueue(Plain(), queue="a"))
                 session.flush()
             sa_jobs.insert_many(session, [Plain()] * 5, queue="b")
             sa_jobs.insert(session, Plain(), queue="a")
-        assert sorted(_drain(listener)) == ["a", "b"]
-    finally:
-        listener.close()
+        assert sorted(notified_queues(listener, timeout=0.5)) == ["a", "b"]
 
 
 def test_rollback_and_scheduled_jobs_do_not_notify(engine: Engine, database_url: URL) -> None:
-    listener = _listen(database_url)
-    try:
+    with insert_listener(database_url) as listener:
         with Session(engine) as session:
             session.begin()
             sa_jobs.insert(session, Plain(), queue="rolled_back")
@@ -381,9 +347,7 @@ def test_rollback_and_scheduled_jobs_do_not_notify(engine: Engine, database_url:
         with Session(engine, expire_on_commit=False) as session, session.begin():
             later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
             sa_jobs.insert(session, Plain(), queue="later", scheduled_at=later)
-        assert _drain(listener) == []
-    finally:
-        listener.close()
+        assert notified_queues(listener, timeout=0.5) == []
 
 
 # ------------------------------------------------------------------ concurrency

@@ -38,7 +38,6 @@ from sa_jobs import (
     Job,
     JobKeyMode,
     JobState,
-    MaintenanceConfig,
 )
 from sa_jobs.complete import Ending, Outcome, finish_in
 from sa_jobs.job_key import RemoveOutcome
@@ -46,7 +45,7 @@ from sa_jobs.job_key import rounds as key_rounds
 from sa_jobs.states import JOB_KEY_REPLACED_KEY
 from sa_jobs.worker.producer import jobs_fetch_available
 from tests.factories import clear_workers_and_leader, job_row
-from tests.integration.worker_helpers import make_worker, wait_until
+from tests.helpers import fast_maintenance, insert_one, make_worker, wait_until
 
 
 @sa_jobs.job_args(kind="jkc_events", list_payload=True)
@@ -87,9 +86,9 @@ def rounds(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     return taken
 
 
-def add(engine: Engine, events: list[str], **options: Any) -> sa_jobs.InsertResult:
-    with Session(engine, expire_on_commit=False) as session, session.begin():
-        return sa_jobs.insert(session, Events(events), job_key=KEY, **options)
+def add_events(engine: Engine, events: list[str], **options: Any) -> sa_jobs.InsertResult:
+    """Add ``events`` under the contended key, in a committed transaction of its own."""
+    return insert_one(engine, Events(events), job_key=KEY, **options)
 
 
 def start_in(connection: Connection, worker_id: str = "racing-worker") -> list[Any]:
@@ -155,13 +154,13 @@ def test_a_holder_started_mid_statement_is_detached_by_a_second_round(
     # Issue #580: the add's snapshot sees an available holder; a worker starts it before
     # the ON CONFLICT check, so the DO UPDATE declines (the row is running now). Graphile
     # returns null here; sa_jobs must run a second round and create a new job.
-    holder = add(engine, ["e1"]).job.id
+    holder = add_events(engine, ["e1"]).job.id
     rounds.clear()
     with engine.connect() as worker_tx:
         worker_tx.begin()
         (started,) = start_in(worker_tx)
         assert started.id == holder
-        adding = InThread(lambda: add(engine, ["e2"]))
+        adding = InThread(lambda: add_events(engine, ["e2"]))
         blocked(engine, adding)
         worker_tx.commit()
     result = adding.result()
@@ -180,7 +179,7 @@ def test_a_holder_started_mid_statement_is_detached_by_a_second_round(
 def test_a_holder_started_mid_statement_with_every_path(
     engine: Engine, mode: JobKeyMode, rounds: list[tuple[int, int]]
 ) -> None:
-    holder = add(engine, ["e1"]).job.id
+    holder = add_events(engine, ["e1"]).job.id
 
     def through_enqueue() -> list[Any]:
         with Session(engine, expire_on_commit=False) as session, session.begin():
@@ -223,14 +222,14 @@ def test_a_holder_completed_mid_statement_leaves_the_key_free(
 ) -> None:
     # The add's snapshot sees a running holder; its worker completes it (releasing the
     # key) before the detach step locks it: nothing to detach, a plain insert.
-    add(engine, ["e1"])
+    add_events(engine, ["e1"])
     with engine.begin() as connection:
         (started,) = start_in(connection)
     rounds.clear()
     with engine.connect() as worker_tx:
         worker_tx.begin()
         finish_in(worker_tx, [Outcome(started.id, started.run_count, Ending.COMPLETED)])
-        adding = InThread(lambda: add(engine, ["e2"]))
+        adding = InThread(lambda: add_events(engine, ["e2"]))
         blocked(engine, adding)
         worker_tx.commit()
     result = adding.result()
@@ -249,7 +248,7 @@ def test_two_first_adds_of_a_key(engine: Engine, outcome: str) -> None:
         transaction = connection.begin()
         first = sa_jobs.insert(other_tx, Events(["e1"]), job_key=KEY)
         assert first.action is InsertAction.INSERTED
-        adding = InThread(lambda: add(engine, ["e2"]))
+        adding = InThread(lambda: add_events(engine, ["e2"]))
         blocked(engine, adding)
         if outcome == "commit":
             transaction.commit()
@@ -266,12 +265,12 @@ def test_two_first_adds_of_a_key(engine: Engine, outcome: str) -> None:
 
 
 def test_an_add_waits_for_a_replace_of_the_same_key(engine: Engine) -> None:
-    holder = add(engine, ["e1"]).job.id
+    holder = add_events(engine, ["e1"]).job.id
     with engine.connect() as connection:
         other_tx = Session(bind=connection, expire_on_commit=False)
         transaction = connection.begin()
         assert sa_jobs.insert(other_tx, Events(["e2"]), job_key=KEY).action == "replaced"
-        adding = InThread(lambda: add(engine, ["e3"]))
+        adding = InThread(lambda: add_events(engine, ["e3"]))
         blocked(engine, adding)
         transaction.commit()
         other_tx.close()
@@ -281,7 +280,7 @@ def test_an_add_waits_for_a_replace_of_the_same_key(engine: Engine) -> None:
 
 
 def test_remove_job_waits_for_a_starting_worker(engine: Engine) -> None:
-    holder = add(engine, ["e1"]).job.id
+    holder = add_events(engine, ["e1"]).job.id
 
     def remove() -> RemoveOutcome:
         with Session(engine) as session, session.begin():
@@ -299,12 +298,12 @@ def test_remove_job_waits_for_a_starting_worker(engine: Engine) -> None:
 
 
 def test_an_add_waits_for_remove_job(engine: Engine) -> None:
-    holder = add(engine, ["e1"]).job.id
+    holder = add_events(engine, ["e1"]).job.id
     with engine.connect() as connection:
         other_tx = Session(bind=connection)
         transaction = connection.begin()
         assert sa_jobs.remove_job(other_tx, KEY) is RemoveOutcome.REMOVED
-        adding = InThread(lambda: add(engine, ["e2"]))
+        adding = InThread(lambda: add_events(engine, ["e2"]))
         blocked(engine, adding)
         transaction.commit()
         other_tx.close()
@@ -402,9 +401,7 @@ def test_no_add_is_lost_while_workers_fetch_and_many_threads_add_the_same_keys(
     clear_workers_and_leader(engine)
     runs: list[tuple[int, int, tuple[str, ...]]] = []
     runs_lock = threading.Lock()
-    maintenance = MaintenanceConfig(
-        heartbeat_interval=0.2, rescue_after=30.0, leader_ttl=0.5, scheduler_interval=0.01
-    )
+    maintenance = fast_maintenance(rescue_after=30.0, scheduler_interval=0.01)
     workers = [
         make_worker(engine, queues={"default": 4}, poll_interval=0.01, maintenance=maintenance)
         for _ in range(WORKERS)

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import Job, JobState
+from tests.helpers import count_jobs
 
 
 @sa_jobs.job_args(kind="test_large_unique", unique=sa_jobs.UniqueOpts(by_args=True))
@@ -34,8 +35,7 @@ def test_twenty_thousand_unique_jobs_in_one_transaction(engine: Engine) -> None:
             assert [r.job.args.seq for r in results] == [batch * 10_000 + i for i in range(10_000)]
         again = sa_jobs.insert_many(session, [LargeUnique(7), LargeUnique(20_001)])
         assert [r.unique_skipped_as_duplicate for r in again] == [True, False]
-    with Session(engine) as session:
-        assert session.scalar(select(func.count()).select_from(Job)) == 20_001
+    assert count_jobs(engine) == 20_001
 
 
 def test_twenty_thousand_sequences_started_in_one_transaction(engine: Engine) -> None:

@@ -10,50 +10,33 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy import URL, Engine, func, select
+from sqlalchemy import URL, Engine
 
-from sa_jobs.models import Job
 from sa_jobs.states import JobState
 from sa_jobs.worker.maintenance.cleaner import Cleaner, Retention
 from sa_jobs.worker.maintenance.leader import LeaderElection
 from sa_jobs.worker.maintenance.rescuer import Rescuer
 from sa_jobs.worker.maintenance.scheduler import Scheduler
-from sa_jobs.worker.notifier import INSERT_CHANNEL
-from tests.factories import (
-    clear_workers_and_leader,
-    job_row,
-    leader_row,
-    make_job,
-    make_worker,
-    seconds,
+from tests.factories import job_row, leader_row, make_job, make_worker_row, seconds
+from tests.helpers import (
+    db_now,
+    insert_listener,
+    job_states,
+    notified_queues,
+    run_once,
+    wait_past,
 )
+
+pytestmark = pytest.mark.usefixtures("no_workers_or_leader")
 
 hours = dt.timedelta(hours=1)
 days = dt.timedelta(days=1)
 
 
-@pytest.fixture(autouse=True)
-def _no_workers_or_leader(engine: Engine) -> Iterator[None]:
-    clear_workers_and_leader(engine)
-    yield
-    clear_workers_and_leader(engine)
-
-
-def states(engine: Engine) -> dict[int, JobState]:
-    with engine.connect() as connection:
-        return {job_id: state for job_id, state in connection.execute(select(Job.id, Job.state))}
-
-
 @pytest.fixture
 def listener(database_url: URL) -> Iterator[psycopg.Connection[Any]]:
-    url = database_url.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(url, autocommit=True) as connection:
-        connection.execute(f"LISTEN {INSERT_CHANNEL}")
+    with insert_listener(database_url) as connection:
         yield connection
-
-
-def drain(connection: psycopg.Connection[Any]) -> list[str]:
-    return [n.payload for n in connection.notifies(timeout=0.3)]
 
 
 # ------------------------------------------------------------------ scheduler
@@ -78,19 +61,18 @@ def test_scheduler_promotes_due_scheduled_and_retryable_jobs_only(
         ),
         make_job(engine, state=JobState.PENDING, queue="d", scheduled_at=past): JobState.PENDING,
     }
-    drain(listener)  # the factory's own inserts may notify; only the scheduler's count
+    notified_queues(listener)  # the factory's inserts may notify; only the scheduler's count
 
-    with engine.begin() as connection:
-        assert Scheduler().run_once(connection) == 2
+    assert run_once(engine, Scheduler()) == 2
 
-    assert states(engine) == {
+    assert job_states(engine) == {
         due_scheduled: JobState.AVAILABLE,
         due_retryable: JobState.AVAILABLE,
         later_scheduled: JobState.SCHEDULED,
         later_retryable: JobState.RETRYABLE,
         **untouched,
     }
-    assert sorted(drain(listener)) == ["a", "b"]
+    assert sorted(notified_queues(listener)) == ["a", "b"]
     # Promotion keeps the attempt count and the due time.
     assert job_row(engine, due_retryable).attempt == 1
 
@@ -100,43 +82,41 @@ def test_scheduler_notifies_each_queue_once_per_pass(
 ) -> None:
     for _ in range(5):
         make_job(engine, state=JobState.SCHEDULED, queue="many", scheduled_at=-seconds(1))
-    drain(listener)
-    with engine.begin() as connection:
-        assert Scheduler().run_once(connection) == 5
-    assert drain(listener) == ["many"]
+    notified_queues(listener)
+    assert run_once(engine, Scheduler()) == 5
+    assert notified_queues(listener) == ["many"]
 
 
 def test_scheduler_with_nothing_due_does_nothing(
     engine: Engine, listener: psycopg.Connection[Any]
 ) -> None:
     make_job(engine, state=JobState.SCHEDULED, scheduled_at=seconds(60))
-    drain(listener)
-    with engine.begin() as connection:
-        assert Scheduler().run_once(connection) == 0
-    assert drain(listener) == []
+    notified_queues(listener)
+    assert run_once(engine, Scheduler()) == 0
+    assert notified_queues(listener) == []
 
 
 def test_scheduler_rolled_back_sends_nothing(
     engine: Engine, listener: psycopg.Connection[Any]
 ) -> None:
     job = make_job(engine, state=JobState.SCHEDULED, queue="r", scheduled_at=-seconds(1))
-    drain(listener)
+    notified_queues(listener)
     with engine.connect() as connection, connection.begin() as transaction:
         assert Scheduler().run_once(connection) == 1
         transaction.rollback()
-    assert drain(listener) == []
-    assert states(engine) == {job: JobState.SCHEDULED}
+    assert notified_queues(listener) == []
+    assert job_states(engine) == {job: JobState.SCHEDULED}
 
 
 # ------------------------------------------------------------------ rescuer
 
 
 def rescue(engine: Engine, rescue_after: float = 5.0) -> int:
-    with engine.begin() as connection:
-        return Rescuer(rescue_after).run_once(connection)
+    return run_once(engine, Rescuer(rescue_after))
 
 
-def running_job(engine: Engine, worker_id: str, **kwargs: Any) -> int:
+def running_row(engine: Engine, worker_id: str, **kwargs: Any) -> int:
+    """A running job attempted a minute ago by ``worker_id`` (written by the factory)."""
     kwargs.setdefault("attempt", 1)
     kwargs.setdefault("attempted_at", -seconds(60))
     return make_job(
@@ -148,7 +128,7 @@ def running_job(engine: Engine, worker_id: str, **kwargs: Any) -> int:
 
 
 def test_rescuer_rescues_job_of_a_worker_without_heartbeat_row(engine: Engine) -> None:
-    job = running_job(engine, "gone")
+    job = running_row(engine, "gone")
     assert rescue(engine) == 1
 
     row = job_row(engine, job)
@@ -160,13 +140,12 @@ def test_rescuer_rescues_job_of_a_worker_without_heartbeat_row(engine: Engine) -
     assert "RescuedError" in error["error"]
     assert "gone" in error["error"]
     # Due again later (after the backoff), and the scheduler brings it back.
-    with engine.connect() as connection:
-        assert row.scheduled_at > connection.scalar(select(func.now()))
+    assert row.scheduled_at > db_now(engine)
 
 
 def test_rescuer_rescues_job_of_a_worker_whose_heartbeat_is_stale(engine: Engine) -> None:
-    make_worker(engine, "stale", heartbeat_at=-seconds(30))
-    job = running_job(engine, "stale")
+    make_worker_row(engine, "stale", heartbeat_at=-seconds(30))
+    job = running_row(engine, "stale")
     assert rescue(engine, rescue_after=5) == 1
     assert job_row(engine, job).state is JobState.RETRYABLE
 
@@ -174,8 +153,8 @@ def test_rescuer_rescues_job_of_a_worker_whose_heartbeat_is_stale(engine: Engine
 def test_rescuer_leaves_jobs_of_a_heartbeating_worker_however_long_they_run(
     engine: Engine,
 ) -> None:
-    make_worker(engine, "alive", heartbeat_at=-seconds(1))
-    job = running_job(engine, "alive", attempted_at=-days)
+    make_worker_row(engine, "alive", heartbeat_at=-seconds(1))
+    job = running_row(engine, "alive", attempted_at=-days)
     assert rescue(engine, rescue_after=5) == 0
     row = job_row(engine, job)
     assert row.state is JobState.RUNNING
@@ -183,8 +162,8 @@ def test_rescuer_leaves_jobs_of_a_heartbeating_worker_however_long_they_run(
 
 
 def test_rescuer_respects_rescue_after(engine: Engine) -> None:
-    make_worker(engine, "quiet", heartbeat_at=-seconds(10))
-    job = running_job(engine, "quiet")
+    make_worker_row(engine, "quiet", heartbeat_at=-seconds(10))
+    job = running_row(engine, "quiet")
     assert rescue(engine, rescue_after=60) == 0
     assert rescue(engine, rescue_after=5) == 1
     assert job_row(engine, job).state is JobState.RETRYABLE
@@ -193,24 +172,24 @@ def test_rescuer_respects_rescue_after(engine: Engine) -> None:
 def test_rescuer_gives_a_just_fetched_job_time_for_its_worker_to_heartbeat(
     engine: Engine,
 ) -> None:
-    job = running_job(engine, "just_started", attempted_at=-seconds(0.5))
+    job = running_row(engine, "just_started", attempted_at=-seconds(0.5))
     assert rescue(engine, rescue_after=5) == 0
     assert job_row(engine, job).state is JobState.RUNNING
 
 
 def test_rescuer_looks_at_the_last_worker_that_attempted_the_job(engine: Engine) -> None:
-    make_worker(engine, "alive")
-    by_alive_last = running_job(engine, "x", attempted_by=["gone", "alive"], attempt=2)
-    by_gone_last = running_job(engine, "x", attempted_by=["alive", "gone"], attempt=2)
+    make_worker_row(engine, "alive")
+    by_alive_last = running_row(engine, "x", attempted_by=["gone", "alive"], attempt=2)
+    by_gone_last = running_row(engine, "x", attempted_by=["alive", "gone"], attempt=2)
     assert rescue(engine) == 1
-    assert states(engine) == {
+    assert job_states(engine) == {
         by_alive_last: JobState.RUNNING,
         by_gone_last: JobState.RETRYABLE,
     }
 
 
 def test_rescuer_discards_a_job_with_no_attempts_left(engine: Engine) -> None:
-    job = running_job(engine, "gone", attempt=3, max_attempts=3)
+    job = running_row(engine, "gone", attempt=3, max_attempts=3)
     assert rescue(engine) == 1
     row = job_row(engine, job)
     assert row.state is JobState.DISCARDED
@@ -219,7 +198,7 @@ def test_rescuer_discards_a_job_with_no_attempts_left(engine: Engine) -> None:
 
 
 def test_rescuer_cancels_a_job_someone_asked_to_cancel(engine: Engine) -> None:
-    job = running_job(engine, "gone", metadata={"cancel_attempted_at": "2026-01-01T00:00:00+00:00"})
+    job = running_row(engine, "gone", metadata={"cancel_attempted_at": "2026-01-01T00:00:00+00:00"})
     assert rescue(engine) == 1
     row = job_row(engine, job)
     assert row.state is JobState.CANCELLED
@@ -228,7 +207,7 @@ def test_rescuer_cancels_a_job_someone_asked_to_cancel(engine: Engine) -> None:
 
 def test_rescuer_appends_to_earlier_errors(engine: Engine) -> None:
     earlier = {"attempt": 1, "error": "ValueError: first try"}
-    job = running_job(engine, "gone", attempt=2, errors=[earlier])
+    job = running_row(engine, "gone", attempt=2, errors=[earlier])
     assert rescue(engine) == 1
     errors = job_row(engine, job).errors
     assert errors[0] == earlier
@@ -243,18 +222,16 @@ def test_rescuer_only_touches_running_jobs(engine: Engine) -> None:
         if state is not JobState.RUNNING
     }
     assert rescue(engine) == 0
-    assert states(engine) == others
+    assert job_states(engine) == others
 
 
 def test_rescued_job_is_worked_again_after_the_scheduler_promotes_it(engine: Engine) -> None:
-    job = running_job(engine, "gone")
+    job = running_row(engine, "gone")
     assert rescue(engine) == 1
     # Attempt 1's backoff is about a second (attempt ** 4).
-    with engine.begin() as connection:
-        assert Scheduler().run_once(connection) == 0
-    time.sleep(1.3)
-    with engine.begin() as connection:
-        assert Scheduler().run_once(connection) == 1
+    assert run_once(engine, Scheduler()) == 0
+    wait_past(engine, job_row(engine, job).scheduled_at, timeout=1.3)
+    assert run_once(engine, Scheduler()) == 1
     assert job_row(engine, job).state is JobState.AVAILABLE
 
 
@@ -262,8 +239,7 @@ def test_rescued_job_is_worked_again_after_the_scheduler_promotes_it(engine: Eng
 
 
 def clean(engine: Engine, retention: Retention | None = None) -> int:
-    with engine.begin() as connection:
-        return Cleaner(retention or Retention()).run_once(connection)
+    return run_once(engine, Cleaner(retention or Retention()))
 
 
 def test_cleaner_deletes_finished_jobs_past_the_default_retention(engine: Engine) -> None:
@@ -289,7 +265,7 @@ def test_cleaner_deletes_finished_jobs_past_the_default_retention(engine: Engine
         ): JobState.RUNNING,
     }
     assert clean(engine) == len(gone)
-    assert states(engine) == kept
+    assert job_states(engine) == kept
 
 
 def test_cleaner_keeps_forever_when_retention_is_none(engine: Engine) -> None:
@@ -299,7 +275,7 @@ def test_cleaner_keeps_forever_when_retention_is_none(engine: Engine) -> None:
         for state in (JobState.COMPLETED, JobState.CANCELLED, JobState.DISCARDED)
     }
     assert clean(engine, Retention(completed=None, cancelled=None, discarded=None)) == 0
-    assert states(engine) == jobs
+    assert job_states(engine) == jobs
 
 
 def test_cleaner_applies_each_states_own_retention(engine: Engine) -> None:
@@ -310,24 +286,22 @@ def test_cleaner_applies_each_states_own_retention(engine: Engine) -> None:
         completed=dt.timedelta(minutes=1), cancelled=None, discarded=dt.timedelta(minutes=5)
     )
     assert clean(engine, retention) == 1
-    assert set(states(engine)) == {cancelled, discarded}
-    assert completed not in states(engine)
+    assert set(job_states(engine)) == {cancelled, discarded}
+    assert completed not in job_states(engine)
 
 
 def test_cleaner_deletes_in_bounded_batches(engine: Engine) -> None:
     for _ in range(25):
         make_job(engine, state=JobState.COMPLETED, finalized_at=-2 * days)
-    with engine.begin() as connection:
-        assert Cleaner(Retention(), limit=10).run_once(connection) == 10
-    assert len(states(engine)) == 15
+    assert run_once(engine, Cleaner(Retention(), limit=10)) == 10
+    assert len(job_states(engine)) == 15
 
 
 # ------------------------------------------------------------------ leader election
 
 
 def elect(engine: Engine, election: LeaderElection) -> bool:
-    with engine.begin() as connection:
-        return election.run_once(connection) == 1
+    return run_once(engine, election) == 1
 
 
 def resign(engine: Engine, election: LeaderElection) -> None:
@@ -348,7 +322,7 @@ def test_leader_renewal_extends_the_lease_and_keeps_the_election_time(engine: En
     a = LeaderElection("a", ttl=5)
     assert elect(engine, a)
     first = leader_row(engine)
-    time.sleep(0.05)
+    wait_past(engine, first.elected_at)  # a renewal now has a later now() to count from
     assert elect(engine, a)
     renewed = leader_row(engine)
     assert renewed.elected_at == first.elected_at
@@ -361,7 +335,7 @@ def test_a_leader_that_keeps_renewing_keeps_leading_past_its_ttl(engine: Engine)
     while time.monotonic() < deadline:
         assert elect(engine, a)
         assert not elect(engine, b)
-        time.sleep(0.05)
+        time.sleep(0.05)  # renewals spread over real time, past the 0.5 s ttl
 
 
 def test_many_concurrent_elections_make_exactly_one_leader(engine: Engine) -> None:
@@ -394,7 +368,7 @@ def test_another_takes_over_when_the_leader_stops_renewing(engine: Engine) -> No
     assert elect(engine, a)
     first = leader_row(engine)
     assert not elect(engine, b)
-    time.sleep(0.7)  # "a" died: no renewal past its ttl
+    wait_past(engine, first.expires_at)  # "a" died: no renewal past its ttl
     assert elect(engine, b)
     taken = leader_row(engine)
     assert taken.leader_id == "b"

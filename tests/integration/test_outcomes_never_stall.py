@@ -25,14 +25,16 @@ from sa_jobs.errors import JobCancel, JobSnooze
 from sa_jobs.schema import NO_FEATURES
 from sa_jobs.worker.completer import OutcomeWriter
 from sa_jobs.worker.maintenance.rescuer import Rescuer
-from tests.databases import migrated_database
-from tests.integration.worker_helpers import (
+from tests.helpers import (
     AN_HOUR,
     add_job,
     add_jobs,
     db_now,
+    engine_at,
     get_job,
     make_worker,
+    migrated_database,
+    run_once,
     running,
     wait_for_state,
     wait_until,
@@ -202,14 +204,13 @@ def test_an_outcome_the_database_refuses_fails_that_job_alone_with_the_reason(
 
 def test_transient_errors_are_retried_for_a_bounded_time_then_left_to_the_rescuer() -> None:
     # A server that is not there: every attempt is a (transient) connection failure.
-    gone = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/nowhere")
-    writer = OutcomeWriter(gone, features=NO_FEATURES, give_up_after=0.5, backoff=(0.05, 0.1))
-    outcomes = [Outcome(job_id, 1, Ending.COMPLETED) for job_id in (1, 2, 3)]
-    began = time.monotonic()
-    writer.write(outcomes)
-    assert time.monotonic() - began < 3
-    assert writer.given_up == 3
-    gone.dispose()
+    with engine_at("postgresql+psycopg://nobody@127.0.0.1:1/nowhere") as gone:
+        writer = OutcomeWriter(gone, features=NO_FEATURES, give_up_after=0.5, backoff=(0.05, 0.1))
+        outcomes = [Outcome(job_id, 1, Ending.COMPLETED) for job_id in (1, 2, 3)]
+        began = time.monotonic()
+        writer.write(outcomes)
+        assert time.monotonic() - began < 3
+        assert writer.given_up == 3
 
 
 # ------------------------------------------------------------------ stop() is bounded
@@ -260,15 +261,11 @@ def test_stop_returns_within_its_bound_when_the_database_is_gone(
         set_connections(admin, own_database.database or "", allowed=True)
     assert took < 25
     engine.dispose()
-    engine = create_engine(own_database)
-    try:
+    admin.dispose()
+    with engine_at(own_database) as engine:
         # The completion was given up on: the job stays running, held by nobody, and
         # the rescuer retries it.
         assert get_job(engine, job_id).state is JobState.RUNNING
-        time.sleep(0.1)
-        with engine.begin() as connection:
-            assert Rescuer(0.05).run_once(connection) == 1
+        time.sleep(0.1)  # the worker's last heartbeat gets older than the rescuer's 0.05 s
+        assert run_once(engine, Rescuer(0.05)) == 1
         assert get_job(engine, job_id).state is JobState.RETRYABLE
-    finally:
-        engine.dispose()
-        admin.dispose()

@@ -8,38 +8,31 @@ import datetime as dt
 
 import attrs
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import Job, JobState, SequenceOpts, UniqueOpts
-from sa_jobs.complete import Ending, Outcome, finish_in
+from sa_jobs.complete import Ending
 from sa_jobs.errors import JobStateError
 from sa_jobs.worker.producer import fetch_jobs
 from tests.factories import job_row
-from tests.integration.worker_helpers import (
+from tests.helpers import (
     add_job,
     db_now,
+    fetch_one,
+    finish_run,
     get_job,
     make_worker,
     running,
     wait_for_state,
+    xmin,
 )
 
 
 @sa_jobs.job_args(kind="conformance_task")
 class Task:
     name: str = ""
-
-
-def fetch_one(engine: Engine) -> Job:
-    (job,) = fetch_jobs(engine, "default", 1, "conformance")
-    return job
-
-
-def finish(engine: Engine, job: Job, ending: Ending, **details: object) -> list[object]:
-    with engine.begin() as connection:
-        return list(finish_in(connection, [Outcome(job.id, job.run_count, ending, **details)]))  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------ 1. runs and attempts
@@ -50,11 +43,11 @@ def test_a_late_result_of_an_earlier_run_with_the_same_attempt_is_refused(engine
     # run_count tells the two runs apart.
     job_id = add_job(engine, Task())
     first = fetch_one(engine)
-    assert finish(engine, first, Ending.RETURNED)
+    assert finish_run(engine, first, Ending.RETURNED)
     second = fetch_one(engine)
     assert (first.attempt, second.attempt) == (1, 1)
     assert (first.run_count, second.run_count) == (1, 2)
-    assert finish(engine, first, Ending.COMPLETED) == []  # the stale run changes nothing
+    assert finish_run(engine, first, Ending.COMPLETED) == []  # the stale run changes nothing
     with (
         Session(engine) as session,
         session.begin(),
@@ -62,7 +55,7 @@ def test_a_late_result_of_an_earlier_run_with_the_same_attempt_is_refused(engine
     ):
         sa_jobs.complete_in(session, first)
     assert get_job(engine, job_id).state is JobState.RUNNING
-    assert finish(engine, second, Ending.COMPLETED)
+    assert finish_run(engine, second, Ending.COMPLETED)
     assert get_job(engine, job_id).state is JobState.COMPLETED
 
 
@@ -151,7 +144,7 @@ def test_unique_and_sequenced_rows_of_one_batch_start_in_input_order(engine: Eng
     for _ in order:
         job = fetch_one(engine)
         started.append(job.args_json["name"])
-        assert finish(engine, job, Ending.COMPLETED)
+        assert finish_run(engine, job, Ending.COMPLETED)
     assert started == order
 
 
@@ -165,7 +158,7 @@ def test_a_job_cancelled_after_its_handler_raised_keeps_its_scheduled_at(engine:
     with Session(engine) as session, session.begin():
         sa_jobs.cancel_job(session, job_id)  # a cancel request for a running job
     error = {"attempt": 1, "error": "Boom"}
-    assert finish(engine, job, Ending.FAILED, delay=3600.0, error=error)
+    assert finish_run(engine, job, Ending.FAILED, delay=3600.0, error=error)
     after = get_job(engine, job_id)
     assert after.state is JobState.CANCELLED
     assert after.scheduled_at == before
@@ -175,16 +168,9 @@ def test_a_discarded_job_keeps_its_scheduled_at_too(engine: Engine) -> None:
     job_id = add_job(engine, Task(), max_attempts=1)
     before = get_job(engine, job_id).scheduled_at
     job = fetch_one(engine)
-    assert finish(engine, job, Ending.FAILED, delay=3600.0, error={"attempt": 1, "error": "E"})
+    assert finish_run(engine, job, Ending.FAILED, delay=3600.0, error={"attempt": 1, "error": "E"})
     after = get_job(engine, job_id)
     assert (after.state, after.scheduled_at) == (JobState.DISCARDED, before)
-
-
-def xmin(engine: Engine, job_id: int) -> str:
-    with engine.connect() as connection:
-        return str(
-            connection.scalar(text("SELECT xmin::text FROM sa_job WHERE id = :id"), {"id": job_id})
-        )
 
 
 def test_retry_job_of_an_available_job_changes_nothing(engine: Engine) -> None:
@@ -208,7 +194,7 @@ def test_retry_job_only_ever_moves_scheduled_at_earlier(engine: Engine) -> None:
     # A failed job whose retry was due long ago keeps its (earlier) place in line.
     failed = add_job(engine, Task("failed"))
     run = fetch_one(engine)
-    assert finish(engine, run, Ending.FAILED, delay=0.0, error={"attempt": 1, "error": "E"})
+    assert finish_run(engine, run, Ending.FAILED, delay=0.0, error={"attempt": 1, "error": "E"})
     due = get_job(engine, failed).scheduled_at
     with Session(engine, expire_on_commit=False) as session, session.begin():
         assert sa_jobs.retry_job(session, failed).scheduled_at == due

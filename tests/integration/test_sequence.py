@@ -26,27 +26,47 @@ from typing import Any
 
 import psycopg.errors
 import pytest
-from sqlalchemy import Engine, create_engine, select, text
+from sqlalchemy import Engine, func, select, text
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import InsertManyParams, InsertOpts, Job, JobState, SequenceOpts, UniqueOpts
-from sa_jobs.complete import Ending, Outcome, finish_in
+from sa_jobs.complete import Ending, Outcome
 from sa_jobs.devdb import Server, throwaway_database
 from sa_jobs.errors import InvalidOptionsError, SchemaMissingError, UniqueConflictError
 from sa_jobs.models import job_table
 from sa_jobs.options import REQUIRED_UNIQUE_STATES
 from sa_jobs.schema import SEQUENCE_BRANCH, installed_branches
 from sa_jobs.sequence import _lock_number_sql, lock_number
-from sa_jobs.worker import MaintenanceConfig, Retention
+from sa_jobs.worker import Retention
 from sa_jobs.worker.maintenance.cleaner import Cleaner
 from sa_jobs.worker.maintenance.rescuer import Rescuer
 from sa_jobs.worker.maintenance.scheduler import Scheduler
 from sa_jobs.worker.maintenance.sequence_repair import SequenceRepair
 from sa_jobs.worker.producer import fetch_jobs
 from tests.factories import clear_workers_and_leader, job_row
-from tests.integration.worker_helpers import make_worker, running, wait_for_state, wait_until
+from tests.helpers import (
+    INSERT_PATHS,
+    NO_MAINTENANCE,
+    add_job,
+    add_jobs,
+    cancel,
+    engine_at,
+    fetch_one,
+    finish_outcomes,
+    finish_run,
+    insert_through,
+    job_states,
+    make_worker,
+    retry,
+    run_once,
+    running,
+    wait_for_state,
+    wait_past,
+    wait_until,
+    xmin,
+)
 
 
 @sa_jobs.job_args(kind="test_sequence.by_kind", sequence=SequenceOpts())
@@ -84,39 +104,13 @@ class Plain:
 
 ACTIVE = ("available", "running", "retryable", "scheduled")
 CUSTOMER_AND_INVOICE = SequenceOpts(by_args=True, exclude_kind=True)
-#: Maintenance that never runs within a test: anything promoted was promoted by the path
-#: that finished the job.
-NO_MAINTENANCE = MaintenanceConfig(
-    heartbeat_interval=600,
-    rescue_after=1800,
-    leader_ttl=1200,
-    scheduler_interval=600,
-    rescuer_interval=600,
-    cleaner_interval=600,
-)
 
 
 # ------------------------------------------------------------------ helpers
 
 
-def add(engine: Engine, args: object, **options: Any) -> int:
-    """Insert one job in a committed transaction of its own; returns its id."""
-    with Session(engine) as session, session.begin():
-        return sa_jobs.insert(session, args, **options).job.id
-
-
-def add_many(engine: Engine, items: list[Any], **options: Any) -> list[int]:
-    with Session(engine) as session, session.begin():
-        return [r.job.id for r in sa_jobs.insert_many(session, items, **options)]
-
-
-def states(engine: Engine) -> dict[int, JobState]:
-    with engine.connect() as connection:
-        return dict(connection.execute(select(job_table.c.id, job_table.c.state)).all())
-
-
 def state(engine: Engine, job_id: int) -> JobState:
-    return states(engine)[job_id]
+    return job_states(engine)[job_id]
 
 
 def slot_holders(engine: Engine) -> list[int]:
@@ -132,14 +126,6 @@ def sequence_key(engine: Engine, job_id: int) -> bytes | None:
     with engine.connect() as connection:
         key = connection.scalar(select(job_table.c.sequence_key).where(job_table.c.id == job_id))
     return bytes(key) if key is not None else None
-
-
-def xmin(engine: Engine, job_id: int) -> str:
-    """The transaction that last wrote the job's row."""
-    with engine.connect() as connection:
-        return connection.scalar(
-            text("SELECT xmin::text FROM sa_job WHERE id = :id"), {"id": job_id}
-        )
 
 
 def assert_one_active_per_sequence(engine: Engine) -> None:
@@ -175,19 +161,6 @@ def fetch(engine: Engine, queue: str = "default", limit: int = 100) -> list[Job]
     return fetch_jobs(engine, queue, limit, "test-sequence")
 
 
-def fetch_one(engine: Engine, queue: str = "default") -> Job:
-    jobs = fetch(engine, queue, 1)
-    assert len(jobs) == 1, "no available job"
-    return jobs[0]
-
-
-def finish(engine: Engine, job: Job, ending: Ending = Ending.COMPLETED) -> JobState | None:
-    """Write one outcome as the completer does; the job's new state (None: nothing changed)."""
-    with engine.begin() as connection:
-        changed = finish_in(connection, [Outcome(job.id, job.run_count, ending)])
-    return changed[0][1] if changed else None
-
-
 def drain(engine: Engine, queues: tuple[str, ...] = ("default",)) -> list[int]:
     """Work every available job as a worker would, with no maintenance pass in between.
 
@@ -201,24 +174,12 @@ def drain(engine: Engine, queues: tuple[str, ...] = ("default",)) -> list[int]:
             return started
         assert_one_active_per_sequence(engine)
         started += [job.id for job in jobs]
-        with engine.begin() as connection:
-            finish_in(connection, [Outcome.completed(job) for job in jobs])
+        finish_outcomes(engine, [Outcome.completed(job) for job in jobs])
     raise AssertionError("drain did not finish")
 
 
-def retry(engine: Engine, job_id: int) -> Job:
-    with Session(engine, expire_on_commit=False) as session, session.begin():
-        return sa_jobs.retry_job(session, job_id)
-
-
-def cancel(engine: Engine, job_id: int) -> Job:
-    with Session(engine, expire_on_commit=False) as session, session.begin():
-        return sa_jobs.cancel_job(session, job_id)
-
-
 def repair(engine: Engine) -> int:
-    with engine.begin() as connection:
-        return SequenceRepair().run_once(connection)
+    return run_once(engine, SequenceRepair())
 
 
 def sql(engine: Engine, statement: str, **params: Any) -> None:
@@ -230,12 +191,12 @@ def sql(engine: Engine, statement: str, **params: Any) -> None:
 
 
 def test_sequence_opts_puts_every_job_of_the_kind_in_one_sequence(engine: Engine) -> None:
-    first, second = add(engine, ByKind(1)), add(engine, ByKind(2))
-    other = add(engine, OtherByKind(1))
+    first, second = add_job(engine, ByKind(1)), add_job(engine, ByKind(2))
+    other = add_job(engine, OtherByKind(1))
 
     assert sequence_key(engine, first) == sequence_key(engine, second)
     assert sequence_key(engine, other) != sequence_key(engine, first)
-    assert states(engine) == {
+    assert job_states(engine) == {
         first: JobState.AVAILABLE,
         second: JobState.PENDING,
         other: JobState.AVAILABLE,
@@ -243,25 +204,25 @@ def test_sequence_opts_puts_every_job_of_the_kind_in_one_sequence(engine: Engine
 
 
 def test_by_args_uses_only_the_fields_marked_sequence(engine: Engine) -> None:
-    a = add(engine, Customer(1, "a"))
-    b = add(engine, Customer(1, "b"))
-    c = add(engine, Customer(2, "a"))
+    a = add_job(engine, Customer(1, "a"))
+    b = add_job(engine, Customer(1, "b"))
+    c = add_job(engine, Customer(2, "a"))
 
     assert sequence_key(engine, a) == sequence_key(engine, b) != sequence_key(engine, c)
-    assert states(engine) == {a: JobState.AVAILABLE, b: JobState.PENDING, c: JobState.AVAILABLE}
+    assert job_states(engine) == {a: JobState.AVAILABLE, b: JobState.PENDING, c: JobState.AVAILABLE}
 
 
 def test_by_args_without_marked_fields_uses_all_args(engine: Engine) -> None:
-    a = add(engine, AllArgs(1, 1))
-    b = add(engine, AllArgs(1, 2))
-    c = add(engine, AllArgs(1, 1))
+    a = add_job(engine, AllArgs(1, 1))
+    b = add_job(engine, AllArgs(1, 2))
+    c = add_job(engine, AllArgs(1, 1))
 
     assert sequence_key(engine, a) == sequence_key(engine, c) != sequence_key(engine, b)
-    assert states(engine) == {a: JobState.AVAILABLE, b: JobState.AVAILABLE, c: JobState.PENDING}
+    assert job_states(engine) == {a: JobState.AVAILABLE, b: JobState.AVAILABLE, c: JobState.PENDING}
 
 
 def test_the_key_is_the_documented_digest_of_its_canonical_bytes(engine: Engine) -> None:
-    job_id = add(engine, Customer(7, "ignored"))
+    job_id = add_job(engine, Customer(7, "ignored"))
     canonical = 'sa_jobs:sequence:v1\nkind="test_sequence.customer"\nargs={"customer_id":7}'
 
     assert sequence_key(engine, job_id) == hashlib.sha256(canonical.encode()).digest()
@@ -269,16 +230,16 @@ def test_the_key_is_the_documented_digest_of_its_canonical_bytes(engine: Engine)
 
 def test_by_queue_makes_one_sequence_per_queue(engine: Engine) -> None:
     per_queue = SequenceOpts(by_queue=True)
-    a1 = add(engine, Plain(1), queue="a", sequence=per_queue)
-    b1 = add(engine, Plain(2), queue="b", sequence=per_queue)
-    a2 = add(engine, Plain(3), queue="a", sequence=per_queue)
+    a1 = add_job(engine, Plain(1), queue="a", sequence=per_queue)
+    b1 = add_job(engine, Plain(2), queue="b", sequence=per_queue)
+    a2 = add_job(engine, Plain(3), queue="a", sequence=per_queue)
     # Without by_queue the queue does not matter: one sequence across queues.
-    x = add(engine, Plain(4), queue="a", sequence=SequenceOpts())
-    y = add(engine, Plain(5), queue="b", sequence=SequenceOpts())
+    x = add_job(engine, Plain(4), queue="a", sequence=SequenceOpts())
+    y = add_job(engine, Plain(5), queue="b", sequence=SequenceOpts())
 
     assert sequence_key(engine, a1) == sequence_key(engine, a2) != sequence_key(engine, b1)
     assert sequence_key(engine, x) == sequence_key(engine, y)
-    assert states(engine) == {
+    assert job_states(engine) == {
         a1: JobState.AVAILABLE,
         b1: JobState.AVAILABLE,
         a2: JobState.PENDING,
@@ -288,14 +249,14 @@ def test_by_queue_makes_one_sequence_per_queue(engine: Engine) -> None:
 
 
 def test_exclude_kind_lets_several_kinds_share_one_sequence(engine: Engine) -> None:
-    customer = add(engine, Customer(1), sequence=CUSTOMER_AND_INVOICE)
-    invoice = add(engine, Invoice(1), sequence=CUSTOMER_AND_INVOICE)
-    other_customer = add(engine, Invoice(2), sequence=CUSTOMER_AND_INVOICE)
-    kind_kept = add(engine, Invoice(1), sequence=SequenceOpts(by_args=True))
+    customer = add_job(engine, Customer(1), sequence=CUSTOMER_AND_INVOICE)
+    invoice = add_job(engine, Invoice(1), sequence=CUSTOMER_AND_INVOICE)
+    other_customer = add_job(engine, Invoice(2), sequence=CUSTOMER_AND_INVOICE)
+    kind_kept = add_job(engine, Invoice(1), sequence=SequenceOpts(by_args=True))
 
     assert sequence_key(engine, customer) == sequence_key(engine, invoice)
     assert len({sequence_key(engine, j) for j in (customer, other_customer, kind_kept)}) == 3
-    assert states(engine) == {
+    assert job_states(engine) == {
         customer: JobState.AVAILABLE,
         invoice: JobState.PENDING,
         other_customer: JobState.AVAILABLE,
@@ -320,8 +281,8 @@ def test_a_bad_sequence_option_is_refused_before_any_sql() -> None:
 
 
 def test_continue_flags_are_stored_and_not_part_of_the_key(engine: Engine) -> None:
-    plain = add(engine, Customer(1))
-    flagged = add(
+    plain = add_job(engine, Customer(1))
+    flagged = add_job(
         engine,
         Customer(1),
         sequence=SequenceOpts(by_args=True, continue_on_cancelled=True, continue_on_discarded=True),
@@ -339,19 +300,19 @@ def test_continue_flags_are_stored_and_not_part_of_the_key(engine: Engine) -> No
 def test_the_call_site_overrides_the_kind_and_unsequenced_jobs_are_left_alone(
     engine: Engine,
 ) -> None:
-    unsequenced = [add(engine, Plain(1)), add(engine, Plain(1))]
-    called = add(engine, Plain(1), sequence=SequenceOpts())
+    unsequenced = [add_job(engine, Plain(1)), add_job(engine, Plain(1))]
+    called = add_job(engine, Plain(1), sequence=SequenceOpts())
 
     assert [sequence_key(engine, j) for j in unsequenced] == [None, None]
     assert sequence_key(engine, called) is not None
-    assert set(states(engine).values()) == {JobState.AVAILABLE}
+    assert set(job_states(engine).values()) == {JobState.AVAILABLE}
     assert slot_holders(engine) == [called]
 
 
 def test_lock_numbers_computed_in_python_and_in_sql_agree(engine: Engine) -> None:
     # Inserters lock lock_number(key) from Python; finishers compute it in SQL. They must agree
     # (including keys whose first byte has the high bit set: signed int4).
-    ids = add_many(engine, [Customer(n) for n in range(64)])
+    ids = add_jobs(engine, [Customer(n) for n in range(64)])
     with engine.connect() as connection:
         rows = connection.execute(
             select(job_table.c.sequence_key, _lock_number_sql(job_table.c.sequence_key)).where(
@@ -365,29 +326,11 @@ def test_lock_numbers_computed_in_python_and_in_sql_agree(engine: Engine) -> Non
 # ------------------------------------------------------------------ inserting
 
 
-def _insert_by(session: Session, path: str, args: object, **options: Any) -> int:
-    if path == "enqueue":
-        job = sa_jobs.enqueue(args, **options)
-        session.add(job)
-        session.flush()
-        return job.id
-    if path == "insert":
-        return sa_jobs.insert(session, args, **options).job.id
-    if path == "insert_many":
-        return sa_jobs.insert_many(session, [args], **options)[0].job.id
-    if path == "insert_job":
-        return int(session.execute(sa_jobs.insert_job(args, **options)).one().id)
-    raise AssertionError(path)
-
-
-@pytest.mark.parametrize("path", ["enqueue", "insert", "insert_many", "insert_job"])
+@pytest.mark.parametrize("path", INSERT_PATHS)
 def test_the_first_job_of_an_idle_sequence_is_available_at_once_the_rest_wait(
     engine: Engine, path: str
 ) -> None:
-    ids = []
-    for n in range(3):
-        with Session(engine) as session, session.begin():
-            ids.append(_insert_by(session, path, Customer(1, str(n))))
+    ids = [insert_through(engine, path, Customer(1, str(n)))[0] for n in range(3)]
 
     assert [state(engine, i) for i in ids] == [
         JobState.AVAILABLE,
@@ -407,27 +350,28 @@ def test_the_returned_job_reflects_its_sequence_state(engine: Engine) -> None:
 
 def test_a_future_first_job_is_scheduled_and_holds_the_slot(engine: Engine) -> None:
     later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
-    first = add(engine, Customer(1), scheduled_at=later)
-    second = add(engine, Customer(1))
+    first = add_job(engine, Customer(1), scheduled_at=later)
+    second = add_job(engine, Customer(1))
 
-    assert states(engine) == {first: JobState.SCHEDULED, second: JobState.PENDING}
+    assert job_states(engine) == {first: JobState.SCHEDULED, second: JobState.PENDING}
     assert slot_holders(engine) == [first]
     assert drain(engine) == []
 
 
 def test_a_promoted_job_due_later_becomes_scheduled_not_available(engine: Engine) -> None:
-    first = add(engine, Customer(1))
-    later = add(engine, Customer(1), scheduled_at=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
-    finish(engine, fetch_one(engine))
+    first = add_job(engine, Customer(1))
+    in_an_hour = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    later = add_job(engine, Customer(1), scheduled_at=in_an_hour)
+    finish_run(engine, fetch_one(engine))
 
-    assert states(engine) == {first: JobState.COMPLETED, later: JobState.SCHEDULED}
+    assert job_states(engine) == {first: JobState.COMPLETED, later: JobState.SCHEDULED}
     assert slot_holders(engine) == [later]
 
 
 def test_insert_many_with_several_jobs_of_one_sequence_gives_the_slot_to_the_first(
     engine: Engine,
 ) -> None:
-    ids = add_many(engine, [Customer(1, "a"), Customer(2, "a"), Customer(1, "b"), Customer(1, "c")])
+    ids = add_jobs(engine, [Customer(1, "a"), Customer(2, "a"), Customer(1, "b"), Customer(1, "c")])
 
     assert [state(engine, i) for i in ids] == [
         JobState.AVAILABLE,
@@ -473,9 +417,9 @@ def test_several_enqueued_jobs_of_one_sequence_in_one_flush(engine: Engine) -> N
 
 
 def test_a_sequence_whose_jobs_all_completed_is_idle_again(engine: Engine) -> None:
-    add_many(engine, [Customer(1), Customer(1)])
+    add_jobs(engine, [Customer(1), Customer(1)])
     drain(engine)
-    third = add(engine, Customer(1))
+    third = add_job(engine, Customer(1))
 
     assert state(engine, third) is JobState.AVAILABLE
 
@@ -484,9 +428,9 @@ def test_a_rolled_back_insert_leaves_the_sequence_idle(engine: Engine) -> None:
     with Session(engine) as session:
         sa_jobs.insert(session, Customer(1))
         session.rollback()
-    job_id = add(engine, Customer(1))
+    job_id = add_job(engine, Customer(1))
 
-    assert states(engine) == {job_id: JobState.AVAILABLE}
+    assert job_states(engine) == {job_id: JobState.AVAILABLE}
 
 
 # ------------------------------------------------------------------ the database's guarantee
@@ -494,7 +438,7 @@ def test_a_rolled_back_insert_leaves_the_sequence_idle(engine: Engine) -> None:
 
 def test_the_database_refuses_to_make_a_waiting_job_active(engine: Engine) -> None:
     # The "impossible to break" proof: no code path is involved, only SQL.
-    first, second = add(engine, Customer(1)), add(engine, Customer(1))
+    first, second = add_job(engine, Customer(1)), add_job(engine, Customer(1))
 
     for active in ACTIVE:
         with pytest.raises(IntegrityError) as caught, engine.begin() as connection:
@@ -513,14 +457,14 @@ def test_the_database_refuses_to_make_a_waiting_job_active(engine: Engine) -> No
     assert isinstance(caught.value.orig, psycopg.errors.UniqueViolation)
     assert "sa_job_sequence_slot_idx" in str(caught.value.orig)
 
-    assert states(engine) == {first: JobState.AVAILABLE, second: JobState.PENDING}
+    assert job_states(engine) == {first: JobState.AVAILABLE, second: JobState.PENDING}
 
 
 def test_the_database_refuses_a_second_slot_holder_even_when_the_first_is_halted(
     engine: Engine,
 ) -> None:
-    first, second = add(engine, Customer(1)), add(engine, Customer(1))
-    finish(engine, fetch_one(engine), Ending.CANCELLED)
+    first, second = add_job(engine, Customer(1)), add_job(engine, Customer(1))
+    finish_run(engine, fetch_one(engine), Ending.CANCELLED)
     assert slot_holders(engine) == [first]
 
     with pytest.raises(IntegrityError) as caught, engine.begin() as connection:
@@ -532,7 +476,7 @@ def test_the_database_refuses_a_second_slot_holder_even_when_the_first_is_halted
 
 
 def test_a_hand_written_row_cannot_join_a_busy_sequence_as_active(engine: Engine) -> None:
-    first = add(engine, Customer(1))
+    first = add_job(engine, Customer(1))
     key = sequence_key(engine, first)
 
     with pytest.raises(IntegrityError), engine.begin() as connection:
@@ -579,8 +523,8 @@ def test_the_worker_promotes_the_next_job_in_the_completing_transaction(
     # The next job is in a queue this worker does not serve, so nobody fetches it: we
     # see it exactly as the completion left it.
     clear_workers_and_leader(engine)
-    first = add(engine, ByKind(1))
-    second = add(engine, ByKind(2), queue="elsewhere")
+    first = add_job(engine, ByKind(1))
+    second = add_job(engine, ByKind(2), queue="elsewhere")
     worker = make_worker(engine, completer=completer, maintenance=NO_MAINTENANCE)
 
     if with_session:
@@ -607,19 +551,19 @@ def test_a_worker_works_a_long_sequence_in_order_without_any_maintenance_pass(
     engine: Engine, no_repair: list[int]
 ) -> None:
     clear_workers_and_leader(engine)
-    ids = add_many(engine, [Customer(n % 2, str(n)) for n in range(20)])
+    ids = add_jobs(engine, [Customer(n % 2, str(n)) for n in range(20)])
     intervals: dict[int, tuple[float, float]] = {}
     worker = make_worker(engine, queues={"default": 8}, maintenance=NO_MAINTENANCE)
 
     @worker.handler(Customer)
     def work(job: Job) -> None:
         start = time.monotonic()
-        time.sleep(0.005)
+        time.sleep(0.005)  # the job's work: a run that overlapped another would show
         intervals[job.id] = (start, time.monotonic())
 
     with running(worker):
         wait_until(
-            lambda: set(states(engine).values()) == {JobState.COMPLETED},
+            lambda: set(job_states(engine).values()) == {JobState.COMPLETED},
             timeout=15,
             what="every job to complete",
         )
@@ -638,7 +582,7 @@ def test_a_worker_works_a_long_sequence_in_order_without_any_maintenance_pass(
 def test_complete_in_promotes_the_next_job_inside_the_callers_transaction(
     engine: Engine,
 ) -> None:
-    first, second = add(engine, Customer(1)), add(engine, Customer(1))
+    first, second = add_job(engine, Customer(1)), add_job(engine, Customer(1))
     job = fetch_one(engine)
 
     with Session(engine) as session:
@@ -648,36 +592,36 @@ def test_complete_in_promotes_the_next_job_inside_the_callers_transaction(
         ).all()
         assert dict(inside) == {first: JobState.COMPLETED, second: JobState.AVAILABLE}
         # Not committed: everyone else still sees the old state.
-        assert states(engine) == {first: JobState.RUNNING, second: JobState.PENDING}
+        assert job_states(engine) == {first: JobState.RUNNING, second: JobState.PENDING}
         session.commit()
 
-    assert states(engine) == {first: JobState.COMPLETED, second: JobState.AVAILABLE}
+    assert job_states(engine) == {first: JobState.COMPLETED, second: JobState.AVAILABLE}
     assert xmin(engine, first) == xmin(engine, second)
     assert slot_holders(engine) == [second]
 
 
 def test_complete_in_rolled_back_changes_nothing(engine: Engine) -> None:
-    first, second = add(engine, Customer(1)), add(engine, Customer(1))
+    first, second = add_job(engine, Customer(1)), add_job(engine, Customer(1))
     job = fetch_one(engine)
 
     with Session(engine) as session:
         sa_jobs.complete_in(session, job)
         session.rollback()
 
-    assert states(engine) == {first: JobState.RUNNING, second: JobState.PENDING}
+    assert job_states(engine) == {first: JobState.RUNNING, second: JobState.PENDING}
     assert slot_holders(engine) == [first]
     # The run can still complete normally afterwards.
-    finish(engine, job)
+    finish_run(engine, job)
     assert state(engine, second) is JobState.AVAILABLE
 
 
 def test_complete_in_twice_promotes_once(engine: Engine) -> None:
-    ids = add_many(engine, [Customer(1), Customer(1), Customer(1)])
+    ids = add_jobs(engine, [Customer(1), Customer(1), Customer(1)])
     job = fetch_one(engine)
     for _ in range(2):
         with Session(engine) as session, session.begin():
             sa_jobs.complete_in(session, job)
-    assert finish(engine, job) is None  # the worker's own completion afterwards: a no-op
+    assert finish_run(engine, job) == []  # the worker's own completion afterwards: a no-op
 
     assert [state(engine, i) for i in ids] == [
         JobState.COMPLETED,
@@ -691,12 +635,12 @@ def test_a_job_inserted_while_the_finishing_transaction_was_open_is_promoted_ava
     engine: Engine, finisher: str
 ) -> None:
     opts = SequenceOpts(by_args=True, continue_on_cancelled=True)
-    first = add(engine, Customer(1), sequence=opts)
+    first = add_job(engine, Customer(1), sequence=opts)
     job = fetch_one(engine) if finisher == "complete_in" else None
     with Session(engine) as session:
-        session.execute(text("SELECT 1"))  # the transaction begins: the handler's work
-        time.sleep(0.01)
-        second = add(engine, Customer(1), sequence=opts)  # meanwhile, the next job arrives
+        began = session.scalar(select(func.now()))  # the transaction begins: the handler's work
+        wait_past(engine, began)  # the next job arrives later than the transaction's now()
+        second = add_job(engine, Customer(1), sequence=opts)  # meanwhile, the next job arrives
         if job is not None:
             sa_jobs.complete_in(session, job)
         else:
@@ -720,18 +664,13 @@ def orphan(engine: Engine) -> Job:
     return job
 
 
-def rescue(engine: Engine) -> int:
-    with engine.begin() as connection:
-        return Rescuer(1.0).run_once(connection)
-
-
 def test_a_rescued_job_with_attempts_left_is_retryable_and_keeps_the_slot(engine: Engine) -> None:
     clear_workers_and_leader(engine)
-    first, second = add(engine, Customer(1)), add(engine, Customer(1))
+    first, second = add_job(engine, Customer(1)), add_job(engine, Customer(1))
     orphan(engine)
 
-    assert rescue(engine) == 1
-    assert states(engine) == {first: JobState.RETRYABLE, second: JobState.PENDING}
+    assert run_once(engine, Rescuer(1.0)) == 1
+    assert job_states(engine) == {first: JobState.RETRYABLE, second: JobState.PENDING}
     assert slot_holders(engine) == [first]
 
 
@@ -741,17 +680,17 @@ def test_a_rescued_job_without_attempts_left_is_discarded_and_halts_unless_told(
 ) -> None:
     clear_workers_and_leader(engine)
     opts = SequenceOpts(by_args=True, continue_on_discarded=continue_on_discarded)
-    first = add(engine, Customer(1), sequence=opts, max_attempts=1)
-    second = add(engine, Customer(1), sequence=opts)
+    first = add_job(engine, Customer(1), sequence=opts, max_attempts=1)
+    second = add_job(engine, Customer(1), sequence=opts)
     orphan(engine)
 
-    assert rescue(engine) == 1
+    assert run_once(engine, Rescuer(1.0)) == 1
     if continue_on_discarded:
-        assert states(engine) == {first: JobState.DISCARDED, second: JobState.AVAILABLE}
+        assert job_states(engine) == {first: JobState.DISCARDED, second: JobState.AVAILABLE}
         assert xmin(engine, first) == xmin(engine, second)
         assert slot_holders(engine) == [second]
     else:
-        assert states(engine) == {first: JobState.DISCARDED, second: JobState.PENDING}
+        assert job_states(engine) == {first: JobState.DISCARDED, second: JobState.PENDING}
         assert slot_holders(engine) == [first]
         assert repair(engine) == 0
 
@@ -762,21 +701,21 @@ def test_a_rescued_job_someone_tried_to_cancel_is_cancelled_and_halts_unless_tol
 ) -> None:
     clear_workers_and_leader(engine)
     opts = SequenceOpts(by_args=True, continue_on_cancelled=continue_on_cancelled)
-    first = add(engine, Customer(1), sequence=opts)
-    second = add(engine, Customer(1), sequence=opts)
+    first = add_job(engine, Customer(1), sequence=opts)
+    second = add_job(engine, Customer(1), sequence=opts)
     orphan(engine)
     assert cancel(engine, first).state is JobState.RUNNING  # only marked: its worker is gone
 
-    assert rescue(engine) == 1
+    assert run_once(engine, Rescuer(1.0)) == 1
     expected_next = JobState.AVAILABLE if continue_on_cancelled else JobState.PENDING
-    assert states(engine) == {first: JobState.CANCELLED, second: expected_next}
+    assert job_states(engine) == {first: JobState.CANCELLED, second: expected_next}
 
 
 # ------------------------------------------------------------------ promotion: cancel_job
 
 
 def test_cancelling_a_waiting_job_does_not_halt_the_sequence(engine: Engine) -> None:
-    first, second, third = add_many(engine, [Customer(1), Customer(1), Customer(1)])
+    first, second, third = add_jobs(engine, [Customer(1), Customer(1), Customer(1)])
 
     assert cancel(engine, second).state is JobState.CANCELLED
     assert slot_holders(engine) == [first]
@@ -789,11 +728,11 @@ def test_cancelling_the_slot_holder_halts_unless_continue_on_cancelled(
     engine: Engine, continue_on_cancelled: bool
 ) -> None:
     opts = SequenceOpts(by_args=True, continue_on_cancelled=continue_on_cancelled)
-    first, second, third = add_many(engine, [Customer(1), Customer(1), Customer(1)], sequence=opts)
+    first, second, third = add_jobs(engine, [Customer(1), Customer(1), Customer(1)], sequence=opts)
 
     assert cancel(engine, first).state is JobState.CANCELLED
     if continue_on_cancelled:
-        assert states(engine) == {
+        assert job_states(engine) == {
             first: JobState.CANCELLED,
             second: JobState.AVAILABLE,
             third: JobState.PENDING,
@@ -801,7 +740,7 @@ def test_cancelling_the_slot_holder_halts_unless_continue_on_cancelled(
         assert xmin(engine, first) == xmin(engine, second)
         assert drain(engine) == [second, third]
     else:
-        assert states(engine) == {
+        assert job_states(engine) == {
             first: JobState.CANCELLED,
             second: JobState.PENDING,
             third: JobState.PENDING,
@@ -812,25 +751,25 @@ def test_cancelling_the_slot_holder_halts_unless_continue_on_cancelled(
 
 
 def test_cancelling_a_running_holder_halts_when_its_run_ends(engine: Engine) -> None:
-    first, second = add(engine, Customer(1)), add(engine, Customer(1))
+    first, second = add_job(engine, Customer(1)), add_job(engine, Customer(1))
     job = fetch_one(engine)
 
     assert cancel(engine, first).state is JobState.RUNNING
     assert state(engine, second) is JobState.PENDING
     # The handler notices and fails; the attempt ends cancelled, and the sequence halts.
-    assert finish(engine, job, Ending.FAILED) is JobState.CANCELLED
-    assert states(engine) == {first: JobState.CANCELLED, second: JobState.PENDING}
+    assert finish_run(engine, job, Ending.FAILED) == [(job.id, JobState.CANCELLED)]
+    assert job_states(engine) == {first: JobState.CANCELLED, second: JobState.PENDING}
     assert slot_holders(engine) == [first]
 
 
 def test_cancelling_a_scheduled_holder_passes_the_slot_when_told(engine: Engine) -> None:
     opts = SequenceOpts(by_args=True, continue_on_cancelled=True)
     later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
-    first = add(engine, Customer(1), sequence=opts, scheduled_at=later)
-    second = add(engine, Customer(1), sequence=opts)
+    first = add_job(engine, Customer(1), sequence=opts, scheduled_at=later)
+    second = add_job(engine, Customer(1), sequence=opts)
 
     cancel(engine, first)
-    assert states(engine) == {first: JobState.CANCELLED, second: JobState.AVAILABLE}
+    assert job_states(engine) == {first: JobState.CANCELLED, second: JobState.AVAILABLE}
 
 
 # ------------------------------------------------------------------ halting and resuming
@@ -839,9 +778,9 @@ def test_cancelling_a_scheduled_holder_passes_the_slot_when_told(engine: Engine)
 def _fail(engine: Engine, how: str) -> None:
     job = fetch_one(engine)
     if how == "cancel":
-        assert finish(engine, job, Ending.CANCELLED) is JobState.CANCELLED
+        assert finish_run(engine, job, Ending.CANCELLED) == [(job.id, JobState.CANCELLED)]
     else:
-        assert finish(engine, job, Ending.FAILED) is JobState.DISCARDED
+        assert finish_run(engine, job, Ending.FAILED) == [(job.id, JobState.DISCARDED)]
 
 
 @pytest.mark.parametrize("recover", ["retry_halted", "retry_later"])
@@ -860,9 +799,9 @@ def test_halting_and_resuming(
         continue_on_cancelled=continue_on_cancelled,
         continue_on_discarded=continue_on_discarded,
     )
-    first = add(engine, Customer(1, "1"), sequence=opts, max_attempts=1)
-    second, third = add_many(engine, [Customer(1, "2"), Customer(1, "3")], sequence=opts)
-    other = add(engine, Customer(2, "unrelated"), sequence=opts, queue="other")
+    first = add_job(engine, Customer(1, "1"), sequence=opts, max_attempts=1)
+    second, third = add_jobs(engine, [Customer(1, "2"), Customer(1, "3")], sequence=opts)
+    other = add_job(engine, Customer(2, "unrelated"), sequence=opts, queue="other")
     assert fetch_one(engine, "other").id == other
     continues = continue_on_cancelled if how == "cancel" else continue_on_discarded
     failed = JobState.CANCELLED if how == "cancel" else JobState.DISCARDED
@@ -879,7 +818,7 @@ def test_halting_and_resuming(
         assert repair(engine) == 0  # a halt is not a stall: maintenance leaves it alone
     assert state(engine, third) is JobState.PENDING
     # A job inserted now queues behind, halted or not.
-    fourth = add(engine, Customer(1, "4"), sequence=opts)
+    fourth = add_job(engine, Customer(1, "4"), sequence=opts)
     assert state(engine, fourth) is JobState.PENDING
 
     retried = retry(engine, first if recover == "retry_halted" else second)
@@ -895,7 +834,7 @@ def test_halting_and_resuming(
     assert_one_active_per_sequence(engine)
     # The other sequence was never affected, and is worked alongside.
     assert drain(engine) == expected
-    final = states(engine)
+    final = job_states(engine)
     assert final[other] is JobState.RUNNING  # fetched above, never finished
     skipped = {first} if recover == "retry_later" else set()
     for job_id in (first, second, third, fourth):
@@ -903,19 +842,19 @@ def test_halting_and_resuming(
 
 
 def test_a_halted_sequence_does_not_affect_others(engine: Engine) -> None:
-    first = add(engine, Customer(1))
-    waiting = add(engine, Customer(1))
-    finish(engine, fetch_one(engine), Ending.CANCELLED)
+    first = add_job(engine, Customer(1))
+    waiting = add_job(engine, Customer(1))
+    finish_run(engine, fetch_one(engine), Ending.CANCELLED)
 
-    others = add_many(engine, [Customer(2), Customer(3), Customer(2)])
+    others = add_jobs(engine, [Customer(2), Customer(3), Customer(2)])
     assert drain(engine) == others
-    assert states(engine)[waiting] is JobState.PENDING
+    assert job_states(engine)[waiting] is JobState.PENDING
     assert slot_holders(engine) == [first]
 
 
 def test_a_retried_retryable_holder_keeps_the_slot(engine: Engine) -> None:
-    first, second = add(engine, Customer(1)), add(engine, Customer(1))
-    finish(engine, fetch_one(engine), Ending.FAILED)
+    first, second = add_job(engine, Customer(1)), add_job(engine, Customer(1))
+    finish_run(engine, fetch_one(engine), Ending.FAILED)
     assert state(engine, first) is JobState.RETRYABLE
 
     assert retry(engine, first).state is JobState.AVAILABLE
@@ -928,18 +867,18 @@ def test_a_retried_retryable_holder_keeps_the_slot(engine: Engine) -> None:
 
 
 def test_the_repair_pass_restarts_a_sequence_whose_holder_was_deleted(engine: Engine) -> None:
-    first, second, third = add_many(engine, [Customer(1), Customer(1), Customer(1)])
+    first, second, third = add_jobs(engine, [Customer(1), Customer(1), Customer(1)])
     sql(engine, "DELETE FROM sa_job WHERE id = :id", id=first)
     assert stalled_sequences(engine) == [[second, third]]
 
     assert repair(engine) == 1
-    assert states(engine) == {second: JobState.AVAILABLE, third: JobState.PENDING}
+    assert job_states(engine) == {second: JobState.AVAILABLE, third: JobState.PENDING}
     assert repair(engine) == 0
     assert drain(engine) == [second, third]
 
 
 def test_the_repair_pass_restarts_many_stalled_sequences_at_once(engine: Engine) -> None:
-    ids = add_many(engine, [Customer(n % 5) for n in range(15)])
+    ids = add_jobs(engine, [Customer(n % 5) for n in range(15)])
     sql(engine, "DELETE FROM sa_job WHERE sequence_slot")
 
     assert repair(engine) == 5
@@ -949,7 +888,7 @@ def test_the_repair_pass_restarts_many_stalled_sequences_at_once(engine: Engine)
 
 def test_run_until_idle_runs_the_repair_pass(engine: Engine) -> None:
     clear_workers_and_leader(engine)
-    first, second = add(engine, Customer(1)), add(engine, Customer(1))
+    first, second = add_job(engine, Customer(1)), add_job(engine, Customer(1))
     sql(engine, "DELETE FROM sa_job WHERE id = :id", id=first)
     worker = make_worker(engine)
     done: list[int] = []
@@ -965,7 +904,7 @@ def test_run_until_idle_runs_the_repair_pass(engine: Engine) -> None:
 def test_the_repair_pass_restarts_a_sequence_whose_holder_was_completed_by_hand(
     engine: Engine,
 ) -> None:
-    first, second = add(engine, Customer(1)), add(engine, Customer(1))
+    first, second = add_job(engine, Customer(1)), add_job(engine, Customer(1))
     sql(
         engine,
         "UPDATE sa_job SET state = 'completed', finalized_at = now() WHERE id = :id",
@@ -981,14 +920,14 @@ def test_the_repair_pass_restarts_a_sequence_whose_holder_was_completed_by_hand(
 
 @pytest.mark.parametrize("how", ["cancel", "discard"])
 def test_the_cleaner_keeps_the_job_that_halted_its_sequence(engine: Engine, how: str) -> None:
-    done = add(engine, Customer(1), max_attempts=1)
+    done = add_job(engine, Customer(1), max_attempts=1)
     drain(engine)
-    halting = add(engine, Customer(1), max_attempts=1)
-    waiting = add(engine, Customer(1))
+    halting = add_job(engine, Customer(1), max_attempts=1)
+    waiting = add_job(engine, Customer(1))
     _fail(engine, how)
     # A cancelled job that never held the slot goes like any other.
-    add(engine, Customer(2))
-    loose = add(engine, Customer(2))
+    add_job(engine, Customer(2))
+    loose = add_job(engine, Customer(2))
     cancel(engine, loose)
     sql(
         engine,
@@ -1001,7 +940,7 @@ def test_the_cleaner_keeps_the_job_that_halted_its_sequence(engine: Engine, how:
         deleted = Cleaner(Retention(hour, hour, hour)).run_once(connection)
 
     assert deleted == 2
-    remaining = states(engine)
+    remaining = job_states(engine)
     assert done not in remaining and loose not in remaining
     assert remaining[halting] in (JobState.CANCELLED, JobState.DISCARDED)
     assert remaining[waiting] is JobState.PENDING
@@ -1023,12 +962,12 @@ def test_a_unique_duplicate_does_not_join_the_sequence(engine: Engine) -> None:
         other = sa_jobs.insert(session, Customer(1, "b"), unique=BY_ARGS)
 
     assert again.unique_skipped_as_duplicate and again.job.id == first.job.id
-    assert states(engine) == {first.job.id: JobState.AVAILABLE, other.job.id: JobState.PENDING}
+    assert job_states(engine) == {first.job.id: JobState.AVAILABLE, other.job.id: JobState.PENDING}
     assert drain(engine) == [first.job.id, other.job.id]
 
 
 def test_a_duplicate_of_a_waiting_job_is_skipped_and_the_order_kept(engine: Engine) -> None:
-    ids = add_many(engine, [Customer(1, "a"), Customer(1, "b")], unique=BY_ARGS)
+    ids = add_jobs(engine, [Customer(1, "a"), Customer(1, "b")], unique=BY_ARGS)
     with Session(engine, expire_on_commit=False) as session, session.begin():
         results = sa_jobs.insert_many(session, [Customer(1, "b"), Customer(1, "c")], unique=BY_ARGS)
     assert [r.unique_skipped_as_duplicate for r in results] == [True, False]
@@ -1040,7 +979,7 @@ def test_a_duplicate_of_a_waiting_job_is_skipped_and_the_order_kept(engine: Engi
 def test_a_skipped_duplicate_first_in_a_batch_does_not_stall_an_idle_sequence(
     engine: Engine, path: str
 ) -> None:
-    done = add(engine, Customer(1, "a"), unique=BY_ARGS)
+    done = add_job(engine, Customer(1, "a"), unique=BY_ARGS)
     assert drain(engine) == [done]  # completed: still blocks duplicates by default
 
     with Session(engine) as session, session.begin():
@@ -1067,13 +1006,11 @@ def _retryable_holder_with_a_waiting_duplicate(
     engine: Engine, opts: SequenceOpts
 ) -> tuple[int, int]:
     """A retryable holder out of its unique states, and a duplicate waiting behind it."""
-    first = add(engine, Customer(1, "a"), unique=NO_RETRYABLE, sequence=opts)
-    job = fetch_one(engine)
-    with engine.begin() as connection:
-        finish_in(connection, [Outcome(job.id, job.run_count, Ending.FAILED, delay=0.0)])
-    duplicate = add(engine, Customer(1, "a"), unique=NO_RETRYABLE, sequence=opts)
+    first = add_job(engine, Customer(1, "a"), unique=NO_RETRYABLE, sequence=opts)
+    finish_run(engine, fetch_one(engine), Ending.FAILED, delay=0.0)
+    duplicate = add_job(engine, Customer(1, "a"), unique=NO_RETRYABLE, sequence=opts)
     assert duplicate != first
-    assert states(engine) == {first: JobState.RETRYABLE, duplicate: JobState.PENDING}
+    assert job_states(engine) == {first: JobState.RETRYABLE, duplicate: JobState.PENDING}
     return first, duplicate
 
 
@@ -1083,10 +1020,9 @@ def test_a_retryable_holder_discarded_for_a_unique_conflict_halts_its_sequence(
     first, duplicate = _retryable_holder_with_a_waiting_duplicate(
         engine, SequenceOpts(by_args=True)
     )
-    with engine.begin() as connection:
-        Scheduler().run_once(connection)
+    run_once(engine, Scheduler())
 
-    assert states(engine) == {first: JobState.DISCARDED, duplicate: JobState.PENDING}
+    assert job_states(engine) == {first: JobState.DISCARDED, duplicate: JobState.PENDING}
     assert slot_holders(engine) == [first]
     # Skipping the discarded job resumes the sequence from the duplicate.
     assert retry(engine, duplicate).state is JobState.AVAILABLE
@@ -1109,7 +1045,7 @@ def test_a_retryable_holder_discarded_for_a_unique_conflict_continues_when_told(
         done.append(job.id)
 
     worker.run_until_idle(timeout=30)  # scheduler, repair pass, fetch: everything it has
-    assert states(engine) == {first: JobState.DISCARDED, duplicate: JobState.COMPLETED}
+    assert job_states(engine) == {first: JobState.DISCARDED, duplicate: JobState.COMPLETED}
     assert done == [duplicate]
 
 
@@ -1151,7 +1087,7 @@ def _finisher_against_a_unique_inserter(
 def test_cancel_job_does_not_deadlock_with_a_unique_inserter_of_its_sequence(
     engine: Engine,
 ) -> None:
-    target = add(engine, Customer(1, "a"), unique=BY_ARGS)
+    target = add_job(engine, Customer(1, "a"), unique=BY_ARGS)
     _finisher_against_a_unique_inserter(engine, target, lambda: cancel(engine, target))
     assert state(engine, target) is JobState.CANCELLED
 
@@ -1160,9 +1096,9 @@ def test_the_rescuer_does_not_deadlock_with_a_unique_inserter_of_its_sequence(
     engine: Engine,
 ) -> None:
     clear_workers_and_leader(engine)
-    target = add(engine, Customer(1, "a"), unique=BY_ARGS, max_attempts=1)
+    target = add_job(engine, Customer(1, "a"), unique=BY_ARGS, max_attempts=1)
     orphan(engine)
-    _finisher_against_a_unique_inserter(engine, target, lambda: rescue(engine))
+    _finisher_against_a_unique_inserter(engine, target, lambda: run_once(engine, Rescuer(1.0)))
     assert state(engine, target) is JobState.DISCARDED
 
 
@@ -1179,14 +1115,13 @@ def _waiting_on_advisory_lock(engine: Engine) -> bool:
 
 
 def test_migrate_to_sa_jobs_core_head_installs_no_sequence_branch(pg_server: Server) -> None:
-    with throwaway_database(pg_server, prefix="sa_jobs_seq_core_target") as url:
-        engine = create_engine(url)
-        try:
-            sa_jobs.migrate(engine, "sa_jobs_core@head")
-            with engine.connect() as connection:
-                assert SEQUENCE_BRANCH not in installed_branches(connection)
-        finally:
-            engine.dispose()
+    with (
+        throwaway_database(pg_server, prefix="sa_jobs_seq_core_target") as url,
+        engine_at(url) as engine,
+    ):
+        sa_jobs.migrate(engine, "sa_jobs_core@head")
+        with engine.connect() as connection:
+            assert SEQUENCE_BRANCH not in installed_branches(connection)
 
 
 SEQUENCED_INSERTS: dict[str, Callable[[Session], object]] = {
@@ -1236,7 +1171,7 @@ def test_unsequenced_jobs_still_work_without_the_sequence_branch(core_only: Engi
 # ------------------------------------------------------------------ concurrency
 
 
-INSERT_PATHS = ["insert", "insert_many", "enqueue"]
+RACING_PATHS = ["insert", "insert_many", "enqueue"]
 
 
 def run_at_once(actions: list[Callable[[], Any]]) -> list[Any]:
@@ -1265,11 +1200,7 @@ def run_at_once(actions: list[Callable[[], Any]]) -> list[Any]:
 
 
 def _insert_in_own_transaction(engine: Engine, path: str, args: object) -> Callable[[], int]:
-    def insert() -> int:
-        with Session(engine) as session, session.begin():
-            return _insert_by(session, path, args)
-
-    return insert
+    return lambda: insert_through(engine, path, args)[0]
 
 
 @pytest.mark.parametrize("round_", range(3))
@@ -1277,13 +1208,13 @@ def test_inserts_into_an_idle_sequence_from_many_threads_at_once(
     engine: Engine, round_: int
 ) -> None:
     inserts = [
-        _insert_in_own_transaction(engine, INSERT_PATHS[i % 3], Customer(round_, f"thread {i}"))
+        _insert_in_own_transaction(engine, RACING_PATHS[i % 3], Customer(round_, f"thread {i}"))
         for i in range(16)
     ]
     ids = sorted(run_at_once(inserts))
 
     assert len(ids) == 16
-    by_state = states(engine)
+    by_state = job_states(engine)
     assert [by_state[i] for i in ids] == [JobState.AVAILABLE] + [JobState.PENDING] * 15
     assert slot_holders(engine) == [ids[0]]
     # Worked with room for 100 at a time, they still come one by one, in id order.
@@ -1291,31 +1222,31 @@ def test_inserts_into_an_idle_sequence_from_many_threads_at_once(
     while batch := fetch(engine, limit=100):
         assert len(batch) == 1
         started.append(batch[0].id)
-        finish(engine, batch[0])
+        finish_run(engine, batch[0])
     assert started == ids
 
 
 def test_inserts_racing_the_completion_of_the_holder_never_stall_the_sequence(
     engine: Engine,
 ) -> None:
-    add(engine, Customer(1, "seed"))
+    add_job(engine, Customer(1, "seed"))
     for round_ in range(15):
         holder = fetch_one(engine)
         inserts = [
-            _insert_in_own_transaction(engine, INSERT_PATHS[i % 3], Customer(1, f"{round_}.{i}"))
+            _insert_in_own_transaction(engine, RACING_PATHS[i % 3], Customer(1, f"{round_}.{i}"))
             for i in range(6)
         ]
-        run_at_once([functools.partial(finish, engine, holder), *inserts])
+        run_at_once([functools.partial(finish_run, engine, holder), *inserts])
 
         assert stalled_sequences(engine) == [], f"round {round_}"
         assert_one_active_per_sequence(engine)
         assert state(engine, holder.id) is JobState.COMPLETED
-    waiting = sorted(i for i, s in states(engine).items() if s is not JobState.COMPLETED)
+    waiting = sorted(i for i, s in job_states(engine).items() if s is not JobState.COMPLETED)
     assert drain(engine) == waiting
 
 
 def test_many_sequences_worked_by_concurrent_fetchers_keep_order(engine: Engine) -> None:
-    ids = add_many(engine, [Customer(n % 10, str(n)) for n in range(200)])
+    ids = add_jobs(engine, [Customer(n % 10, str(n)) for n in range(200)])
     key_of = {job_id: n % 10 for n, job_id in enumerate(ids)}
     started: list[int] = []
     lock = threading.Lock()
@@ -1328,13 +1259,12 @@ def test_many_sequences_worked_by_concurrent_fetchers_keep_order(engine: Engine)
                 jobs = fetch(engine, limit=3)
                 if not jobs:
                     idle_rounds += 1
-                    time.sleep(0.005)
+                    time.sleep(0.005)  # nothing for 20 rounds in a row (0.1 s): all done
                     continue
                 idle_rounds = 0
                 with lock:
                     started.extend(job.id for job in jobs)
-                with engine.begin() as connection:
-                    finish_in(connection, [Outcome.completed(job) for job in jobs])
+                finish_outcomes(engine, [Outcome.completed(job) for job in jobs])
         except BaseException as exc:
             errors.append(exc)
 

@@ -10,17 +10,19 @@ filled the pool and freed slots dispatched jobs no thread picked up.
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from sqlalchemy import Engine
 
 import sa_jobs
 from sa_jobs import Job, JobState
-from tests.integration.worker_helpers import (
+from tests.helpers import (
     AN_HOUR,
     add_jobs,
     get_job,
     make_worker,
+    stuck_total,
     wait_for_state,
     wait_until,
 )
@@ -88,8 +90,8 @@ def test_past_the_cap_a_stuck_jobs_slot_stays_taken_and_no_job_is_failed_unrun(
             assert "its thread abandoned" in error["error"]
         # Two threads are stuck; one was replaced (the cap), the second keeps the slot.
         assert worker.stuck_threads == 1
-        wait_until(lambda: worker._run is not None and worker._run.pool.stuck_total == 2)
-        threading.Event().wait(1.5)  # longer than a timeout plus its grace
+        wait_until(lambda: stuck_total(worker) == 2)
+        time.sleep(1.5)  # longer than a timeout plus its grace: no other job may time out
         assert get_job(engine, stuck[2]).state is JobState.AVAILABLE
         assert all(get_job(engine, job_id).state is JobState.AVAILABLE for job_id in quick)
         assert_no_job_timed_out_without_running(engine, stuck + quick, scenario.started)

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, event, func, select, text
+from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import InsertManyParams, InsertOpts, Job, JobState, UniqueOpts
-from sa_jobs.complete import Ending, Outcome, jobs_finish
 from sa_jobs.devdb import Server, throwaway_database
 from sa_jobs.errors import (
     InvalidOptionsError,
@@ -34,9 +32,23 @@ from sa_jobs.schema import CORE_BRANCH, UNIQUE_BRANCH, installed_branches
 from sa_jobs.states import FINAL_STATES, UNIQUE_CONFLICT_KEY
 from sa_jobs.testing import canonical_unique_key
 from sa_jobs.worker.maintenance.scheduler import Scheduler
-from sa_jobs.worker.producer import fetch_jobs
 from tests.factories import clear_workers_and_leader, expire_ttl_locks, job_row
-from tests.integration.worker_helpers import NO_DELAY, make_worker
+from tests.helpers import (
+    INSERT_PATHS,
+    NO_DELAY,
+    count_jobs,
+    db_now,
+    engine_at,
+    fail_run,
+    fetch_one,
+    finish_run,
+    get_job,
+    insert_one,
+    insert_through,
+    make_worker,
+    run_once,
+    wait_past,
+)
 
 
 @sa_jobs.job_args(kind="test_unique.account")
@@ -62,41 +74,17 @@ NO_RETRYABLE = UniqueOpts(by_args=True, by_state=REQUIRED_UNIQUE_STATES | {JobSt
 SHORT_TTL = dt.timedelta(seconds=1)  # the shortest TTL Faktory (and sa_jobs) allows
 HOUR = dt.timedelta(hours=1)
 
-PATHS = ["enqueue", "insert", "insert_many", "insert_job"]
+PATHS = list(INSERT_PATHS)
 
 
 # ------------------------------------------------------------------ helpers
 
 
-def insert_in(session: Session, path: str, args: object, **options: Any) -> tuple[int, bool]:
-    """Insert through ``path``; return ``(job id, unique_skipped_as_duplicate)``."""
-    if path == "enqueue":
-        job = sa_jobs.enqueue(args, **options)
-        session.add(job)
-        session.flush()
-        return job.id, job.unique_skipped_as_duplicate
-    if path == "insert":
-        result = sa_jobs.insert(session, args, **options)
-        return result.job.id, result.unique_skipped_as_duplicate
-    if path == "insert_many":
-        (result,) = sa_jobs.insert_many(session, [args], **options)
-        return result.job.id, result.unique_skipped_as_duplicate
-    if path == "insert_job":
-        row = session.execute(sa_jobs.insert_job(args, **options)).one()
-        return row.id, row.unique_skipped_as_duplicate
-    raise AssertionError(path)
-
-
-def put(engine: Engine, path: str, args: object, **options: Any) -> tuple[int, bool]:
-    """Insert through ``path`` in a transaction of its own, committed."""
-    with Session(engine) as session, session.begin():
-        return insert_in(session, path, args, **options)
-
-
-def add(engine: Engine, args: object, **options: Any) -> int:
-    job_id, skipped = put(engine, "insert", args, **options)
-    assert not skipped, f"expected a new job for {args!r}"
-    return job_id
+def add_new(engine: Engine, args: object, **options: Any) -> int:
+    """Insert one job that must not be a duplicate; returns its id."""
+    result = insert_one(engine, args, **options)
+    assert not result.unique_skipped_as_duplicate, f"expected a new job for {args!r}"
+    return result.job.id
 
 
 def rows(engine: Engine) -> list[Any]:
@@ -134,29 +122,10 @@ def set_state(engine: Engine, job_id: int, state: JobState) -> None:
         )
 
 
-def start(engine: Engine, queue: str = "default") -> Job:
-    """Fetch one job as a worker does (with the unique branch installed)."""
-    jobs = fetch_jobs(engine, queue, 1, "test-unique")
-    assert len(jobs) == 1, f"no available job in {queue!r}"
-    return jobs[0]
-
-
-def finish(engine: Engine, job: Job, ending: Ending, delay: float | None = None) -> JobState:
-    error = {"attempt": job.attempt, "error": "boom"} if ending is Ending.FAILED else None
-    with engine.begin() as connection:
-        ((_, state),) = connection.execute(
-            jobs_finish([Outcome(job.id, job.run_count, ending, delay=delay, error=error)])
-        ).all()
-    return state
-
-
-def fail(engine: Engine, job: Job, delay: float = 0.0) -> JobState:
-    return finish(engine, job, Ending.FAILED, delay)
-
-
 def promote(engine: Engine) -> int:
-    with engine.begin() as connection:
-        return Scheduler().run_once(connection)
+    """One scheduler pass: due scheduled and retryable jobs become available (or are
+    discarded when another job took their key meanwhile)."""
+    return run_once(engine, Scheduler())
 
 
 def _in(delta: dt.timedelta) -> dt.datetime:
@@ -164,29 +133,11 @@ def _in(delta: dt.timedelta) -> dt.datetime:
     return dt.datetime.now(dt.UTC) + delta
 
 
-def db_now(engine: Engine) -> dt.datetime:
-    with engine.connect() as connection:
-        return connection.scalar(select(func.now()))
-
-
 def wait_until_expired(engine: Engine, job_id: int) -> None:
-    """Sleep until the database clock has passed the job's TTL deadline."""
+    """Wait until the database clock has passed the job's TTL deadline."""
     expires_at = job_row(engine, job_id).unique_expires_at
     assert expires_at is not None
-    while (remaining := (expires_at - db_now(engine)).total_seconds()) >= 0:
-        time.sleep(remaining + 0.01)
-
-
-@pytest.fixture
-def statements(engine: Engine) -> Iterator[list[str]]:
-    seen: list[str] = []
-
-    def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        seen.append(statement)
-
-    event.listen(engine, "before_cursor_execute", record)
-    yield seen
-    event.remove(engine, "before_cursor_execute", record)
+    wait_past(engine, expires_at)
 
 
 # ------------------------------------------------------------------ 1. options, every path
@@ -194,12 +145,12 @@ def statements(engine: Engine) -> Iterator[list[str]]:
 
 @pytest.mark.parametrize("path", PATHS)
 def test_a_duplicate_is_skipped_and_returns_the_existing_job(engine: Engine, path: str) -> None:
-    first, skipped = put(engine, path, Account(1, "a"), unique=BY_ARGS)
+    first, skipped = insert_through(engine, path, Account(1, "a"), unique=BY_ARGS)
     assert not skipped
     # Only the marked field counts: another trace id is still a duplicate.
-    again, skipped = put(engine, path, Account(1, "b"), unique=BY_ARGS)
+    again, skipped = insert_through(engine, path, Account(1, "b"), unique=BY_ARGS)
     assert (again, skipped) == (first, True)
-    other, skipped = put(engine, path, Account(2, "a"), unique=BY_ARGS)
+    other, skipped = insert_through(engine, path, Account(2, "a"), unique=BY_ARGS)
     assert other != first and not skipped
     assert [row.id for row in rows(engine)] == [first, other]
     # The stored key is the SHA-256 of the documented canonical bytes.
@@ -211,15 +162,15 @@ def test_a_duplicate_is_skipped_and_returns_the_existing_job(engine: Engine, pat
 @pytest.mark.parametrize("path", PATHS)
 def test_a_duplicate_in_the_same_transaction_is_skipped(engine: Engine, path: str) -> None:
     with Session(engine) as session, session.begin():
-        first, skipped_first = insert_in(session, path, Account(1), unique=BY_ARGS)
-        again, skipped_again = insert_in(session, path, Account(1), unique=BY_ARGS)
+        first, skipped_first = insert_through(session, path, Account(1), unique=BY_ARGS)
+        again, skipped_again = insert_through(session, path, Account(1), unique=BY_ARGS)
     assert (skipped_first, skipped_again) == (False, True)
     assert again == first
     assert len(rows(engine)) == 1
 
 
 def test_the_skipped_result_carries_the_existing_row(engine: Engine) -> None:
-    first = add(engine, Account(1, "original"), unique=BY_ARGS, queue="q1", priority=3)
+    first = add_new(engine, Account(1, "original"), unique=BY_ARGS, queue="q1", priority=3)
     with Session(engine) as session, session.begin():
         result = sa_jobs.insert(session, Account(1, "new"), unique=BY_ARGS, queue="q1")
         assert result.unique_skipped_as_duplicate
@@ -237,7 +188,7 @@ def test_the_skipped_result_carries_the_existing_row(engine: Engine) -> None:
 def test_duplicates_within_one_batch_are_folded_first_wins(
     engine: Engine, path: str, statements: list[str]
 ) -> None:
-    existing = add(engine, Account(9, "existing"), unique=BY_ARGS)
+    existing = add_new(engine, Account(9, "existing"), unique=BY_ARGS)
     batch = [Account(1, "a"), Account(2, "a"), Account(1, "b"), Account(9, "c"), Account(2, "c")]
     statements.clear()
     with Session(engine) as session, session.begin():
@@ -324,42 +275,44 @@ def test_by_period_buckets_scheduled_at_from_the_epoch(engine: Engine, path: str
         # Past times: the jobs are available at once; the bucket comes from scheduled_at.
         return dt.datetime(2020, 6, 1, 15, minute, tzinfo=dt.UTC)
 
-    first, _ = put(engine, path, Account(1), unique=opts, scheduled_at=at(21))
-    assert put(engine, path, Account(1), unique=opts, scheduled_at=at(28)) == (first, True)
+    first, _ = insert_through(engine, path, Account(1), unique=opts, scheduled_at=at(21))
+    again = insert_through(engine, path, Account(1), unique=opts, scheduled_at=at(28))
+    assert again == (first, True)
     tokyo = at(15).astimezone(dt.timezone(dt.timedelta(hours=9)))
-    assert put(engine, path, Account(1), unique=opts, scheduled_at=tokyo) == (first, True)
-    later, skipped = put(engine, path, Account(1), unique=opts, scheduled_at=at(31))
+    again = insert_through(engine, path, Account(1), unique=opts, scheduled_at=tokyo)
+    assert again == (first, True)
+    later, skipped = insert_through(engine, path, Account(1), unique=opts, scheduled_at=at(31))
     assert later != first and not skipped
-    earlier, skipped = put(engine, path, Account(1), unique=opts, scheduled_at=at(14))
+    earlier, skipped = insert_through(engine, path, Account(1), unique=opts, scheduled_at=at(14))
     assert earlier not in (first, later) and not skipped
 
 
 def test_by_period_without_scheduled_at_uses_the_insert_time(engine: Engine) -> None:
     # A ten-year period: both inserts fall in the same bucket (barring a decade boundary).
     opts = UniqueOpts(by_period=dt.timedelta(days=3650))
-    first = add(engine, Account(1), unique=opts)
-    assert put(engine, "insert", Account(2), unique=opts) == (first, True)
+    first = add_new(engine, Account(1), unique=opts)
+    assert insert_through(engine, "insert", Account(2), unique=opts) == (first, True)
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_by_queue(engine: Engine, path: str) -> None:
     opts = UniqueOpts(by_args=True, by_queue=True)
-    first, _ = put(engine, path, Account(1), unique=opts, queue="q1")
-    second, skipped = put(engine, path, Account(1), unique=opts, queue="q2")
+    first, _ = insert_through(engine, path, Account(1), unique=opts, queue="q1")
+    second, skipped = insert_through(engine, path, Account(1), unique=opts, queue="q2")
     assert second != first and not skipped
-    assert put(engine, path, Account(1), unique=opts, queue="q1") == (first, True)
+    assert insert_through(engine, path, Account(1), unique=opts, queue="q1") == (first, True)
     # Without by_queue the queue does not matter.
-    third, _ = put(engine, path, Account(5), unique=BY_ARGS, queue="q1")
-    assert put(engine, path, Account(5), unique=BY_ARGS, queue="q2") == (third, True)
+    third, _ = insert_through(engine, path, Account(5), unique=BY_ARGS, queue="q1")
+    assert insert_through(engine, path, Account(5), unique=BY_ARGS, queue="q2") == (third, True)
 
 
 @pytest.mark.parametrize("state", list(JobState))
 def test_default_by_state_blocks_in_every_state_but_cancelled_and_discarded(
     engine: Engine, state: JobState
 ) -> None:
-    first = add(engine, Account(1), unique=BY_ARGS)
+    first = add_new(engine, Account(1), unique=BY_ARGS)
     set_state(engine, first, state)
-    again, skipped = put(engine, "insert", Account(1), unique=BY_ARGS)
+    again, skipped = insert_through(engine, "insert", Account(1), unique=BY_ARGS)
     blocks = state not in (JobState.CANCELLED, JobState.DISCARDED)
     assert skipped is blocks
     assert (again == first) is blocks
@@ -369,11 +322,11 @@ def test_custom_by_state_without_completed_lets_a_new_job_in_after_completion(
     engine: Engine,
 ) -> None:
     opts = UniqueOpts(by_args=True, by_state=REQUIRED_UNIQUE_STATES | {JobState.RETRYABLE})
-    first = add(engine, Account(1), unique=opts)
-    job = start(engine)
-    assert put(engine, "insert", Account(1), unique=opts) == (first, True)
-    finish(engine, job, Ending.COMPLETED)
-    second, skipped = put(engine, "insert", Account(1), unique=opts)
+    first = add_new(engine, Account(1), unique=opts)
+    job = fetch_one(engine)
+    assert insert_through(engine, "insert", Account(1), unique=opts) == (first, True)
+    assert finish_run(engine, job)
+    second, skipped = insert_through(engine, "insert", Account(1), unique=opts)
     assert second != first and not skipped
 
 
@@ -382,9 +335,9 @@ def test_an_empty_by_state_means_the_default_states_as_in_river(engine: Engine) 
     assert opts.by_state is None
     assert opts.states == DEFAULT_UNIQUE_STATES
     assert UniqueOpts(by_state=[]).is_empty  # nothing else set: no uniqueness, as in River
-    first = add(engine, Account(1), unique=opts)
+    first = add_new(engine, Account(1), unique=opts)
     set_state(engine, first, JobState.COMPLETED)  # completed still blocks, as by default
-    assert put(engine, "insert", Account(1), unique=opts) == (first, True)
+    assert insert_through(engine, "insert", Account(1), unique=opts) == (first, True)
 
 
 def test_by_state_missing_required_states_is_refused_when_built_naming_them(
@@ -403,41 +356,42 @@ def test_by_state_missing_required_states_is_refused_when_built_naming_them(
 
 @pytest.mark.parametrize("path", PATHS)
 def test_an_empty_unique_opts_means_no_uniqueness(engine: Engine, path: str) -> None:
-    first, _ = put(engine, path, Account(1), unique=UniqueOpts())
-    second, skipped = put(engine, path, Account(1), unique=UniqueOpts())
+    first, _ = insert_through(engine, path, Account(1), unique=UniqueOpts())
+    second, skipped = insert_through(engine, path, Account(1), unique=UniqueOpts())
     assert second != first and not skipped
     assert [row.unique_key for row in rows(engine)] == [None, None]
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_the_call_site_overrides_the_kind_default(engine: Engine, path: str) -> None:
-    first, _ = put(engine, path, Daily(1))
-    assert put(engine, path, Daily(1)) == (first, True)  # the kind's by_args
+    first, _ = insert_through(engine, path, Daily(1))
+    assert insert_through(engine, path, Daily(1)) == (first, True)  # the kind's by_args
     # UniqueOpts() turns the kind's uniqueness off for this call.
-    plain, skipped = put(engine, path, Daily(1), unique=UniqueOpts())
+    plain, skipped = insert_through(engine, path, Daily(1), unique=UniqueOpts())
     assert plain != first and not skipped
     # Other options make another key.
-    by_queue, skipped = put(engine, path, Daily(1), unique=UniqueOpts(by_queue=True))
+    by_queue, skipped = insert_through(engine, path, Daily(1), unique=UniqueOpts(by_queue=True))
     assert by_queue != first and not skipped
-    assert put(engine, path, Daily(2), unique=UniqueOpts(by_queue=True)) == (by_queue, True)
+    again = insert_through(engine, path, Daily(2), unique=UniqueOpts(by_queue=True))
+    assert again == (by_queue, True)
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_the_kind_is_part_of_the_key_unless_excluded(engine: Engine, path: str) -> None:
-    first, _ = put(engine, path, Account(1), unique=BY_ARGS)
-    other, skipped = put(engine, path, OtherAccount(1), unique=BY_ARGS)
+    first, _ = insert_through(engine, path, Account(1), unique=BY_ARGS)
+    other, skipped = insert_through(engine, path, OtherAccount(1), unique=BY_ARGS)
     assert other != first and not skipped
     excluded = UniqueOpts(by_args=True, exclude_kind=True)
-    shared, _ = put(engine, path, Account(2), unique=excluded)
-    assert put(engine, path, OtherAccount(2), unique=excluded) == (shared, True)
+    shared, _ = insert_through(engine, path, Account(2), unique=excluded)
+    assert insert_through(engine, path, OtherAccount(2), unique=excluded) == (shared, True)
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_a_skipped_duplicate_changes_nothing_in_the_existing_job(engine: Engine, path: str) -> None:
     excluded = UniqueOpts(by_args=True, exclude_kind=True)
-    first, _ = put(engine, path, Account(2, "t"), unique=excluded)
+    first, _ = insert_through(engine, path, Account(2, "t"), unique=excluded)
     before = job_row(engine, first)
-    assert put(engine, path, OtherAccount(2), unique=excluded) == (first, True)
+    assert insert_through(engine, path, OtherAccount(2), unique=excluded) == (first, True)
     after = job_row(engine, first)
     assert after.kind == "test_unique.account"
     assert after._asdict() == before._asdict()
@@ -447,10 +401,10 @@ def test_a_skipped_duplicate_changes_nothing_in_the_existing_job(engine: Engine,
 
 
 def test_a_retrying_job_whose_key_was_taken_is_discarded_when_due(engine: Engine) -> None:
-    retrying = add(engine, Account(1, "first"), unique=NO_RETRYABLE)
-    assert fail(engine, start(engine), delay=3600) is JobState.RETRYABLE
+    retrying = add_new(engine, Account(1, "first"), unique=NO_RETRYABLE)
+    assert fail_run(engine, fetch_one(engine), delay=3600) == [(retrying, JobState.RETRYABLE)]
     assert holders(engine) == []  # retryable is not one of its states
-    duplicate, skipped = put(engine, "insert", Account(1, "second"), unique=NO_RETRYABLE)
+    duplicate, skipped = insert_through(engine, "insert", Account(1, "second"), unique=NO_RETRYABLE)
     assert not skipped
     assert promote(engine) == 0  # not due yet: nothing happens
     with engine.begin() as connection:
@@ -470,8 +424,8 @@ def test_a_retrying_job_whose_key_was_taken_is_discarded_when_due(engine: Engine
 
 
 def test_a_retrying_job_whose_key_is_free_is_promoted(engine: Engine) -> None:
-    retrying = add(engine, Account(1), unique=NO_RETRYABLE)
-    fail(engine, start(engine))
+    retrying = add_new(engine, Account(1), unique=NO_RETRYABLE)
+    assert fail_run(engine, fetch_one(engine), delay=0)
     assert promote(engine) == 1
     assert job_row(engine, retrying).state is JobState.AVAILABLE
     assert holders(engine) == [retrying]
@@ -479,10 +433,10 @@ def test_a_retrying_job_whose_key_is_free_is_promoted(engine: Engine) -> None:
 
 
 def test_of_several_due_jobs_sharing_a_free_key_the_oldest_is_promoted(engine: Engine) -> None:
-    older = add(engine, Account(1, "older"), unique=NO_RETRYABLE)
-    fail(engine, start(engine))
-    newer = add(engine, Account(1, "newer"), unique=NO_RETRYABLE)
-    fail(engine, start(engine))
+    older = add_new(engine, Account(1, "older"), unique=NO_RETRYABLE)
+    assert fail_run(engine, fetch_one(engine), delay=0)
+    newer = add_new(engine, Account(1, "newer"), unique=NO_RETRYABLE)
+    assert fail_run(engine, fetch_one(engine), delay=0)
     assert holders(engine) == []
     assert promote(engine) == 1
     assert job_row(engine, older).state is JobState.AVAILABLE
@@ -494,9 +448,9 @@ def test_of_several_due_jobs_sharing_a_free_key_the_oldest_is_promoted(engine: E
 def test_a_due_holder_is_promoted_even_when_an_older_due_job_wants_its_key(
     engine: Engine,
 ) -> None:
-    retrying = add(engine, Account(1, "older"), unique=NO_RETRYABLE)
-    fail(engine, start(engine), delay=3600)
-    holder = add(engine, Account(1, "newer"), unique=NO_RETRYABLE, scheduled_at=_in(HOUR))
+    retrying = add_new(engine, Account(1, "older"), unique=NO_RETRYABLE)
+    assert fail_run(engine, fetch_one(engine), delay=3600)
+    holder = add_new(engine, Account(1, "newer"), unique=NO_RETRYABLE, scheduled_at=_in(HOUR))
     assert job_row(engine, holder).state is JobState.SCHEDULED
     assert holders(engine) == [holder]
     with engine.begin() as connection:  # an hour passes
@@ -511,9 +465,9 @@ def test_a_due_holder_is_promoted_even_when_an_older_due_job_wants_its_key(
 def test_retry_job_of_a_finished_job_whose_key_is_taken_is_a_clear_error(
     engine: Engine,
 ) -> None:
-    finished = add(engine, Account(1), unique=BY_ARGS, max_attempts=1)
-    assert fail(engine, start(engine)) is JobState.DISCARDED
-    holder = add(engine, Account(1), unique=BY_ARGS)
+    finished = add_new(engine, Account(1), unique=BY_ARGS, max_attempts=1)
+    assert fail_run(engine, fetch_one(engine), delay=0) == [(finished, JobState.DISCARDED)]
+    holder = add_new(engine, Account(1), unique=BY_ARGS)
     with Session(engine) as session, session.begin():
         with pytest.raises(UniqueConflictError) as caught:
             sa_jobs.retry_job(session, finished)
@@ -521,7 +475,7 @@ def test_retry_job_of_a_finished_job_whose_key_is_taken_is_a_clear_error(
         assert caught.value.holder_id == holder
         assert f"held by job {holder}" in str(caught.value)
         # The transaction is still usable: more work in it commits.
-        assert session.scalar(select(func.count()).select_from(Job)) == 2
+        assert count_jobs(session) == 2
         extra = sa_jobs.insert(session, Account(2), unique=BY_ARGS).job.id
     assert job_row(engine, finished).state is JobState.DISCARDED
     assert job_row(engine, extra).state is JobState.AVAILABLE
@@ -529,13 +483,13 @@ def test_retry_job_of_a_finished_job_whose_key_is_taken_is_a_clear_error(
 
 def test_retry_job_of_a_completed_job_outside_its_states(engine: Engine) -> None:
     opts = UniqueOpts(by_args=True, by_state=REQUIRED_UNIQUE_STATES)
-    done = add(engine, Account(1), unique=opts)
-    finish(engine, start(engine), Ending.COMPLETED)
-    holder = add(engine, Account(1), unique=opts)
+    done = add_new(engine, Account(1), unique=opts)
+    assert finish_run(engine, fetch_one(engine))
+    holder = add_new(engine, Account(1), unique=opts)
     with Session(engine) as session, session.begin(), pytest.raises(UniqueConflictError):
         sa_jobs.retry_job(session, done)
     # Once the holder has finished, the retry goes through and retakes the key.
-    finish(engine, start(engine), Ending.COMPLETED)
+    assert finish_run(engine, fetch_one(engine))
     with Session(engine) as session, session.begin():
         assert sa_jobs.retry_job(session, done).state is JobState.AVAILABLE
     assert holders(engine) == [done]
@@ -543,9 +497,9 @@ def test_retry_job_of_a_completed_job_outside_its_states(engine: Engine) -> None
 
 
 def test_retry_job_of_a_retryable_job_without_retryable_in_its_states(engine: Engine) -> None:
-    retrying = add(engine, Account(1), unique=NO_RETRYABLE)
-    fail(engine, start(engine), delay=3600)
-    holder = add(engine, Account(1), unique=NO_RETRYABLE)
+    retrying = add_new(engine, Account(1), unique=NO_RETRYABLE)
+    assert fail_run(engine, fetch_one(engine), delay=3600)
+    holder = add_new(engine, Account(1), unique=NO_RETRYABLE)
     with Session(engine) as session, session.begin():
         with pytest.raises(UniqueConflictError) as caught:
             sa_jobs.retry_job(session, retrying)
@@ -554,8 +508,8 @@ def test_retry_job_of_a_retryable_job_without_retryable_in_its_states(engine: En
 
 
 def test_retry_job_of_a_running_job_is_refused(engine: Engine) -> None:
-    add(engine, Account(1), unique=BY_ARGS)
-    job = start(engine)
+    add_new(engine, Account(1), unique=BY_ARGS)
+    job = fetch_one(engine)
     with Session(engine) as session, session.begin(), pytest.raises(JobStateError):
         sa_jobs.retry_job(session, job.id)
 
@@ -566,17 +520,17 @@ def test_retry_job_of_a_running_job_is_refused(engine: Engine) -> None:
 @pytest.mark.parametrize("path", PATHS)
 def test_a_ttl_lock_stops_blocking_after_it_expires(engine: Engine, path: str) -> None:
     opts = UniqueOpts(by_args=True, ttl=SHORT_TTL)
-    first, _ = put(engine, path, Account(1), unique=opts)
-    assert put(engine, path, Account(1), unique=opts) == (first, True)
+    first, _ = insert_through(engine, path, Account(1), unique=opts)
+    assert insert_through(engine, path, Account(1), unique=opts) == (first, True)
     wait_until_expired(engine, first)
-    second, skipped = put(engine, path, Account(1), unique=opts)
+    second, skipped = insert_through(engine, path, Account(1), unique=opts)
     assert second != first and not skipped
     # The old job is still available (unfinished); it has let go of its key.
     old = job_row(engine, first)
     assert old.state is JobState.AVAILABLE
     assert old.unique_key is None
     assert holders(engine) == [second]
-    assert put(engine, path, Account(1), unique=opts) == (second, True)
+    assert insert_through(engine, path, Account(1), unique=opts) == (second, True)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -586,9 +540,9 @@ def test_a_back_dated_scheduled_at_does_not_shorten_the_ttl_lock(engine: Engine,
     # insert returned and the duplicate was accepted at once.
     opts = UniqueOpts(by_args=True, ttl=HOUR)
     before = db_now(engine)
-    first, _ = put(engine, path, Account(1), unique=opts, scheduled_at=_in(-2 * HOUR))
+    first, _ = insert_through(engine, path, Account(1), unique=opts, scheduled_at=_in(-2 * HOUR))
     after = db_now(engine)
-    assert put(engine, path, Account(1), unique=opts) == (first, True)
+    assert insert_through(engine, path, Account(1), unique=opts) == (first, True)
     expires_at = job_row(engine, first).unique_expires_at
     assert before + HOUR <= expires_at <= after + HOUR
 
@@ -596,15 +550,15 @@ def test_a_back_dated_scheduled_at_does_not_shorten_the_ttl_lock(engine: Engine,
 def test_a_scheduled_jobs_delay_counts_toward_its_ttl(engine: Engine) -> None:
     opts = UniqueOpts(by_args=True, ttl=SHORT_TTL)
     scheduled_at = _in(HOUR)
-    first = add(engine, Account(1), unique=opts, scheduled_at=scheduled_at)
+    first = add_new(engine, Account(1), unique=opts, scheduled_at=scheduled_at)
     row = job_row(engine, first)
     assert row.state is JobState.SCHEDULED
     assert row.unique_expires_at == scheduled_at + SHORT_TTL
-    time.sleep(SHORT_TTL.total_seconds() + 0.1)  # the TTL alone would have passed
-    assert put(engine, "insert", Account(1), unique=opts) == (first, True)
+    wait_past(engine, row.created_at + SHORT_TTL)  # the TTL alone would have passed
+    assert insert_through(engine, "insert", Account(1), unique=opts) == (first, True)
     # When scheduled_at + ttl has passed, the lock is gone.
     expire_ttl_locks(engine, [first])
-    second, skipped = put(engine, "insert", Account(1), unique=opts)
+    second, skipped = insert_through(engine, "insert", Account(1), unique=opts)
     assert second != first and not skipped
 
 
@@ -613,11 +567,11 @@ def test_a_ttl_lock_expires_even_while_the_job_is_unfinished(
     engine: Engine, state: JobState
 ) -> None:
     opts = UniqueOpts(by_args=True, ttl=HOUR)
-    first = add(engine, Account(1), unique=opts)
+    first = add_new(engine, Account(1), unique=opts)
     set_state(engine, first, state)
-    assert put(engine, "insert", Account(1), unique=opts) == (first, True)
+    assert insert_through(engine, "insert", Account(1), unique=opts) == (first, True)
     expire_ttl_locks(engine, [first])
-    second, skipped = put(engine, "insert", Account(1), unique=opts)
+    second, skipped = insert_through(engine, "insert", Account(1), unique=opts)
     assert second != first and not skipped
     assert job_row(engine, first).state is state
     assert holders(engine) == [second]
@@ -627,20 +581,20 @@ def test_with_a_ttl_a_completed_job_no_longer_blocks(engine: Engine) -> None:
     # Faktory: "a second job can be pushed after the TTL or after the first job has
     # successfully processed".
     opts = UniqueOpts(by_args=True, ttl=HOUR)
-    first = add(engine, Account(1), unique=opts)
+    first = add_new(engine, Account(1), unique=opts)
     set_state(engine, first, JobState.COMPLETED)
-    second, skipped = put(engine, "insert", Account(1), unique=opts)
+    second, skipped = insert_through(engine, "insert", Account(1), unique=opts)
     assert second != first and not skipped
     # Running or retrying, it still holds the lock.
     set_state(engine, second, JobState.RETRYABLE)
-    assert put(engine, "insert", Account(1), unique=opts) == (second, True)
+    assert insert_through(engine, "insert", Account(1), unique=opts) == (second, True)
 
 
 def test_with_a_ttl_an_explicit_by_state_still_decides(engine: Engine) -> None:
     opts = UniqueOpts(by_args=True, ttl=HOUR, by_state=list(DEFAULT_UNIQUE_STATES))
-    first = add(engine, Account(1), unique=opts)
+    first = add_new(engine, Account(1), unique=opts)
     set_state(engine, first, JobState.COMPLETED)
-    assert put(engine, "insert", Account(1), unique=opts) == (first, True)
+    assert insert_through(engine, "insert", Account(1), unique=opts) == (first, True)
 
 
 @pytest.mark.parametrize("option", ["ttl", "by_period"])
@@ -652,11 +606,12 @@ def test_a_ttl_or_period_under_a_second_is_refused(option: str) -> None:
 
 def test_a_retrying_job_keeps_its_ttl_lock_until_it_expires(engine: Engine) -> None:
     opts = UniqueOpts(by_args=True, ttl=SHORT_TTL)
-    first = add(engine, Account(1), unique=opts)
-    fail(engine, start(engine), delay=3600)
-    assert put(engine, "insert", Account(1), unique=opts) == (first, True)  # held through retry
+    first = add_new(engine, Account(1), unique=opts)
+    assert fail_run(engine, fetch_one(engine), delay=3600)
+    # Held through the retry:
+    assert insert_through(engine, "insert", Account(1), unique=opts) == (first, True)
     wait_until_expired(engine, first)
-    second, skipped = put(engine, "insert", Account(1), unique=opts)
+    second, skipped = insert_through(engine, "insert", Account(1), unique=opts)
     assert second != first and not skipped
     assert job_row(engine, first).state is JobState.RETRYABLE
 
@@ -668,45 +623,38 @@ UNTIL_START = UniqueOpts(by_args=True, until="start")
 
 @pytest.mark.parametrize("path", PATHS)
 def test_until_start_releases_the_key_when_the_job_starts(engine: Engine, path: str) -> None:
-    first, _ = put(engine, path, Account(1), unique=UNTIL_START)
-    assert put(engine, path, Account(1), unique=UNTIL_START) == (first, True)
-    job = start(engine)
+    first, _ = insert_through(engine, path, Account(1), unique=UNTIL_START)
+    assert insert_through(engine, path, Account(1), unique=UNTIL_START) == (first, True)
+    job = fetch_one(engine)
     assert job.id == first
-    second, skipped = put(engine, path, Account(1), unique=UNTIL_START)
+    second, skipped = insert_through(engine, path, Account(1), unique=UNTIL_START)
     assert second != first and not skipped
     assert job_row(engine, first).unique_key is None
     assert holders(engine) == [second]
 
 
 def test_until_start_a_retry_never_retakes_the_key(engine: Engine) -> None:
-    first = add(engine, Account(1), unique=UNTIL_START, max_attempts=3)
-    fail(engine, start(engine))  # released at start, now retryable
+    first = add_new(engine, Account(1), unique=UNTIL_START, max_attempts=3)
+    assert fail_run(engine, fetch_one(engine), delay=0)  # released at start, now retryable
     assert holders(engine) == []
     assert promote(engine) == 1  # promoted without any conflict
     assert job_row(engine, first).state is JobState.AVAILABLE
     assert job_row(engine, first).unique_key is None
-    second, skipped = put(engine, "insert", Account(1), unique=UNTIL_START)
+    second, skipped = insert_through(engine, "insert", Account(1), unique=UNTIL_START)
     assert not skipped
     # The first job runs again and fails again; the second one keeps the key.
-    assert start(engine).id == first
-    fail(engine, job_row_as_job(engine, first))
+    assert fetch_one(engine).id == first
+    assert fail_run(engine, get_job(engine, first), delay=0)
     with Session(engine) as session, session.begin():
         sa_jobs.retry_job(session, first)  # a manual retry does not retake it either
     assert holders(engine) == [second]
     assert job_row(engine, first).unique_key is None
 
 
-def job_row_as_job(engine: Engine, job_id: int) -> Job:
-    with Session(engine, expire_on_commit=False) as session:
-        job = session.get(Job, job_id)
-        assert job is not None
-        return job
-
-
 def test_until_start_with_a_worker(engine: Engine) -> None:
     clear_workers_and_leader(engine)
     seen: list[tuple[str, bool]] = []
-    first = add(engine, Account(1, "original"), unique=UNTIL_START, queue="until_start")
+    first = add_new(engine, Account(1, "original"), unique=UNTIL_START, queue="until_start")
     worker = make_worker(engine, queues={"until_start": 1}, retry_policy=NO_DELAY)
 
     @worker.handler(Account)
@@ -730,14 +678,13 @@ def test_until_start_with_a_worker(engine: Engine) -> None:
 
 
 def test_migrate_to_the_core_branch_alone(pg_server: Server) -> None:
-    with throwaway_database(pg_server, prefix="sa_jobs_core_target") as url:
-        engine = create_engine(url)
-        try:
-            sa_jobs.migrate(engine, "sa_jobs_core@head")
-            with engine.connect() as connection:
-                assert installed_branches(connection) == {CORE_BRANCH}
-        finally:
-            engine.dispose()
+    with (
+        throwaway_database(pg_server, prefix="sa_jobs_core_target") as url,
+        engine_at(url) as engine,
+    ):
+        sa_jobs.migrate(engine, "sa_jobs_core@head")
+        with engine.connect() as connection:
+            assert installed_branches(connection) == {CORE_BRANCH}
 
 
 def test_the_core_only_database_has_no_unique_branch(core_only: Engine) -> None:

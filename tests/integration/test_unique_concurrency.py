@@ -25,6 +25,7 @@ import sa_jobs
 from sa_jobs import UniqueOpts
 from sa_jobs.worker.producer import fetch_jobs
 from tests.factories import expire_ttl_locks
+from tests.helpers import count_jobs
 
 T = TypeVar("T")
 
@@ -147,11 +148,6 @@ def assert_one_winner_per_key(outcomes: list[Outcomes], holders: dict[int, list[
         assert len(thread) == KEYS
         for account, job_id, _ in thread:
             assert job_id == holders[account][0], "every thread is told about the winner"
-
-
-def count_jobs(engine: Engine) -> int:
-    with engine.connect() as connection:
-        return connection.execute(text("SELECT count(*) FROM sa_job")).scalar_one()
 
 
 @pytest.mark.parametrize("attempt", range(3))

@@ -20,15 +20,21 @@ from typing import Any
 
 import pytest
 from psycopg import sql
-from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 import sa_jobs
 from sa_jobs import InsertManyParams, UniqueOpts
 from sa_jobs.devdb import Server
-from tests.databases import migrated_database
 from tests.factories import expire_ttl_locks
+from tests.helpers import (
+    engine_at,
+    insert_through,
+    migrated_database,
+    migrated_engine,
+    sent_statements,
+)
 
 BY_ARGS = UniqueOpts(by_args=True)
 HOUR = dt.timedelta(hours=1)
@@ -66,21 +72,16 @@ def hold_keys(
         expire_ttl_locks(engine, [result.job.id for result in results])
 
 
-@contextlib.contextmanager
-def inserts_sent(through: Engine | Connection) -> Iterator[list[tuple[str, Any]]]:
+def is_job_insert(statement: str) -> bool:
+    return statement.lstrip().startswith(("WITH", "INSERT")) and "sa_job" in statement
+
+
+def inserts_sent(
+    through: Engine | Connection,
+) -> contextlib.AbstractContextManager[list[tuple[str, Any]]]:
     """Records each INSERT into sa_job sent ``through`` the engine or connection, as the
     statement and parameters the driver got."""
-    sent: list[tuple[str, Any]] = []
-
-    def capture(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if statement.lstrip().startswith(("WITH", "INSERT")) and "sa_job" in statement:
-            sent.append((statement, parameters))
-
-    event.listen(through, "before_cursor_execute", capture)
-    try:
-        yield sent
-    finally:
-        event.remove(through, "before_cursor_execute", capture)
+    return sent_statements(through, keep=is_job_insert)
 
 
 def sent_by(engine: Engine, insert: Callable[[Session], Any]) -> tuple[str, dict[str, Any]]:
@@ -240,10 +241,8 @@ def test_a_unique_insert_reads_only_its_own_keys_however_many_are_held(
 @pytest.fixture
 def fresh_engine(pg_server: Server) -> Iterator[Engine]:
     """A database of its own, never analyzed: the state a new deployment starts in."""
-    with migrated_database(pg_server, "sa_jobs_unique_fresh") as url:
-        engine = create_engine(url)
+    with migrated_engine(pg_server, "sa_jobs_unique_fresh") as engine:
         yield engine
-        engine.dispose()
 
 
 @pytest.mark.parametrize("held", HELD_KINDS.values(), ids=HELD_KINDS.keys())
@@ -324,24 +323,19 @@ def unique_0001_url(pg_server: Server) -> Iterator[Any]:
 def test_a_database_without_the_ttl_index_still_releases_expired_locks(
     unique_0001_url: Any,
 ) -> None:
-    engine = create_engine(unique_0001_url)
-    try:
+    with engine_at(unique_0001_url) as engine:
         with engine.connect() as connection:
             assert not _has_index(connection, "sa_job_unique_ttl_idx")
         ttl = UniqueOpts(by_args=True, ttl=HOUR)
 
-        def insert(**options: Any) -> tuple[int, bool]:
-            with Session(engine) as session, session.begin():
-                result = sa_jobs.insert(session, Account(1), unique=ttl, **options)
-                return result.job.id, result.unique_skipped_as_duplicate
+        def insert() -> tuple[int, bool]:
+            return insert_through(engine, "insert", Account(1), unique=ttl)
 
         old, _ = insert()
         expire_ttl_locks(engine, [old])  # its lock expired an hour ago
         new, skipped = insert()
         assert new != old and not skipped
         assert insert() == (new, True)
-    finally:
-        engine.dispose()
 
 
 def _has_index(connection: Connection, name: str) -> bool:

@@ -19,14 +19,17 @@ import sa_jobs
 from sa_jobs import Job, JobState
 from sa_jobs.devdb import Server
 from sa_jobs.errors import InvalidOptionsError
-from tests.databases import migrated_database
-from tests.integration.worker_helpers import (
+from tests.helpers import (
     add_job,
     effects,
+    libpq_url,
     make_worker,
+    migrated_database,
     reset_effects,
     running,
+    url_text,
     wait_for_state,
+    wait_listening,
     wait_until,
     write_effect_async,
 )
@@ -40,13 +43,9 @@ class Touch:
     n: int = 0
 
 
-def libpq(url: URL) -> str:
-    return url.set(drivername="postgresql").render_as_string(hide_password=False)
-
-
 def creator_engine(real: URL, pretend: str = NOWHERE, **options: Any) -> Engine:
     """An engine whose URL says ``pretend`` but whose connections go to ``real``."""
-    engine = create_engine(pretend, creator=lambda: psycopg.connect(libpq(real)), **options)
+    engine = create_engine(pretend, creator=lambda: psycopg.connect(libpq_url(real)), **options)
 
     @event.listens_for(engine, "connect")
     def mark(dbapi_connection: Any, _record: Any) -> None:
@@ -81,7 +80,7 @@ def test_wakeups_come_through_a_listen_connection_of_the_users_engine(
         pass
 
     with running(worker):
-        assert worker.listening.wait(10)
+        wait_listening(worker, timeout=10)
         job_id = add_job(engine, Touch())
         wait_for_state(engine, job_id, JobState.COMPLETED, timeout=5)
         with engine.connect() as connection:
@@ -119,7 +118,7 @@ def test_an_async_session_handler_never_runs_on_another_database(
 ) -> None:
     # The URL names a real database, but not the one the creator connects to: an async
     # engine derived from the URL would write there.
-    misleading = creator_engine(database_url, pretend=other_database.render_as_string(False))
+    misleading = creator_engine(database_url, pretend=url_text(other_database))
     worker = async_session_worker(misleading)
     try:
         with pytest.raises(InvalidOptionsError, match="reaches another database") as exc:

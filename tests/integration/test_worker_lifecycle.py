@@ -11,7 +11,7 @@ from sqlalchemy import Engine, event
 import sa_jobs
 from sa_jobs import Job, JobState
 from sa_jobs.errors import InvalidOptionsError
-from tests.integration.worker_helpers import (
+from tests.helpers import (
     add_job,
     make_worker,
     wait_for_state,
@@ -105,7 +105,7 @@ def test_stop_called_while_start_is_starting_stops_it_cleanly(engine: Engine) ->
         assert in_start.wait(10)
         stopper = threading.Thread(target=worker.stop)
         stopper.start()
-        time.sleep(0.2)  # stop() waits for start() to finish
+        time.sleep(0.2)  # time for a stop() that did not wait for start() to return
         assert stopper.is_alive()
         proceed.set()
         starter.join(10)

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 import sa_jobs
 from sa_jobs import ExponentialRetry, Job, JobState
 from sa_jobs.errors import JobCancel, JobSnooze
-from tests.integration.worker_helpers import (
+from tests.helpers import (
     NO_DELAY,
     FixedDelay,
     add_job,
@@ -25,7 +25,6 @@ from tests.integration.worker_helpers import (
     finish_statements,
     get_job,
     make_worker,
-    reset_effects,
     same_transaction,
     write_effect,
     write_effect_async,
@@ -49,11 +48,6 @@ class Unhandled:
 
 class Boom(Exception):
     pass
-
-
-@pytest.fixture
-def effect_table(engine: Engine) -> None:
-    reset_effects(engine)
 
 
 def assert_due_after(
@@ -389,7 +383,7 @@ def test_async_handlers_complete_and_fail_like_sync_ones(engine: Engine) -> None
 
     @worker.handler(Task)
     async def handle(job: Job) -> None:
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # the job's work: it awaits on the worker's loop
         loops.append(asyncio.get_running_loop().is_running())
         if job.args.n == 2:
             raise Boom("async boom")

@@ -21,7 +21,7 @@ from sa_jobs import Job, JobState, Worker
 from sa_jobs.args import kind_of
 from sa_jobs.errors import InvalidOptionsError, JobTimeoutError
 from sa_jobs.options import UNSET
-from tests.integration.worker_helpers import (
+from tests.helpers import (
     AN_HOUR,
     NO_DELAY,
     add_job,
@@ -33,6 +33,7 @@ from tests.integration.worker_helpers import (
     running,
     wait_event,
     wait_for_state,
+    wait_stuck_handlers_returned,
     wait_until,
     write_effect,
     write_effect_async,
@@ -118,7 +119,7 @@ def test_without_a_timeout_a_handler_runs_past_the_workers_default(engine: Engin
     @worker.handler(Plain, timeout=None)
     def slow(job: Job) -> None:
         for _ in range(50):
-            time.sleep(0.01)
+            time.sleep(0.01)  # half a second of work in small steps
             job.check_cancelled()
 
     worker.run_until_idle()
@@ -237,7 +238,7 @@ def test_a_sync_handler_that_checks_for_cancellation_stops_at_its_timeout(
             for step in range(300):
                 job.check_cancelled()
                 steps.append(step)
-                time.sleep(0.01)
+                time.sleep(0.01)  # three seconds of work in small steps
         except BaseException as exc:
             raised.append(type(exc))
             raise
@@ -264,7 +265,7 @@ def test_a_sync_handler_sees_job_cancelled_turn_true_at_its_timeout(engine: Engi
         flags.append(job.cancelled)
         deadline = time.monotonic() + 3
         while not job.cancelled and time.monotonic() < deadline:
-            time.sleep(0.01)
+            time.sleep(0.01)  # a handler that looks at job.cancelled between steps
         flags.append(job.cancelled)
 
     worker.run_until_idle()
@@ -304,7 +305,8 @@ def test_a_sync_handler_that_ignores_its_timeout_is_settled_by_the_watchdog_afte
         assert not woke_up.is_set()
 
         wait_event(woke_up, "the stuck handler to return", timeout=3)
-        time.sleep(0.3)  # time for a (wrong) late completion to be written
+        # Its late result is dealt with; stopping the worker writes whatever it submitted.
+        wait_stuck_handlers_returned(worker)
 
     # The late return changed nothing: still the timeout failure, not completed.
     job = get_job(engine, stuck_id)
@@ -332,7 +334,8 @@ def test_the_late_return_of_a_timed_out_run_does_not_touch_its_completed_rerun(
         wait_for_state(engine, job_id, JobState.COMPLETED, timeout=3)
         assert not woke_up.is_set()
         wait_event(woke_up, "attempt 1 to return", timeout=3)
-        time.sleep(0.3)  # time for a (wrong) late write to land
+        # Its late result is dealt with; stopping the worker writes whatever it submitted.
+        wait_stuck_handlers_returned(worker)
 
     job = get_job(engine, job_id)
     assert attempts == [1, 2]

@@ -29,6 +29,7 @@ import sa_jobs
 from sa_jobs.devdb import Server, throwaway_database
 from sa_jobs.errors import SchemaManagedElsewhereError, SchemaMissingError
 from sa_jobs.schema import VERSION_TABLE
+from tests.helpers import engine_at, migrated_engine, url_text
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -53,9 +54,8 @@ def blank_url(pg_server: Server) -> Iterator[URL]:
 
 @pytest.fixture
 def blank_engine(blank_url: URL) -> Iterator[Engine]:
-    engine = create_engine(blank_url)
-    yield engine
-    engine.dispose()
+    with engine_at(blank_url) as engine:
+        yield engine
 
 
 def shipped_scripts() -> ScriptDirectory:
@@ -152,10 +152,6 @@ def run(command: list[str | Path], *, cwd: Path, env: dict[str, str] | None = No
     return result.stdout
 
 
-def url_text(url: URL) -> str:
-    return url.render_as_string(hide_password=False)
-
-
 # ----------------------------------------------------------------- models and scripts agree
 
 
@@ -183,13 +179,12 @@ def test_migrations_build_what_the_models_describe_even_where_autogenerate_is_bl
     sa_jobs.migrate(blank_engine)
     migrated = schema_snapshot(blank_engine)
 
-    with throwaway_database(pg_server, prefix="sa_jobs_create_all") as url:
-        engine = create_engine(url)
-        try:
-            sa_jobs.metadata.create_all(engine)
-            created = schema_snapshot(engine)
-        finally:
-            engine.dispose()
+    with (
+        throwaway_database(pg_server, prefix="sa_jobs_create_all") as url,
+        engine_at(url) as engine,
+    ):
+        sa_jobs.metadata.create_all(engine)
+        created = schema_snapshot(engine)
 
     # Functions and triggers (the insert notification) live only in the migrations.
     for kind in ("functions", "triggers"):
@@ -428,13 +423,8 @@ def test_an_app_alembic_env_runs_the_migrations_shipped_in_the_wheel(
     }
     # The same schema as sa-jobs migrate makes, names included, though this env has other
     # metadata (and no naming convention) for Alembic to apply to the scripts' names.
-    with throwaway_database(pg_server, prefix="sa_jobs_reference") as url:
-        reference = create_engine(url)
-        try:
-            sa_jobs.migrate(reference)
-            expected = schema_snapshot(reference)
-        finally:
-            reference.dispose()
+    with migrated_engine(pg_server, "sa_jobs_reference") as reference:
+        expected = schema_snapshot(reference)
     assert schema_snapshot(blank_engine, ignore=(*VERSION_TABLES, "app_invoice")) == expected
     run([*alembic, "check"], cwd=app, env=env)
     # sa-jobs migrate must not try to install the schema a second time.

@@ -41,7 +41,6 @@ starts. Bounded at 80 runs of up to 40 steps (about fifteen seconds).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -56,18 +55,21 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import InsertAction, InsertManyParams, InsertOpts, JobKeyMode, JobState
-from sa_jobs.complete import Ending, Outcome, finish_in
-from sa_jobs.devdb import Server
+from sa_jobs.complete import Ending, Outcome
 from sa_jobs.job_key import RemoveOutcome
 from sa_jobs.states import CANCEL_ATTEMPTED_KEY, JOB_KEY_REPLACED_KEY
 from sa_jobs.worker.maintenance.scheduler import Scheduler
 from sa_jobs.worker.producer import fetch_jobs
-from tests.databases import migrated_database
+from tests.helpers import (
+    empty_job_table,
+    finish_outcomes,
+    run_once,
+)
 
 # ------------------------------------------------------------------ the jobs
 
@@ -288,8 +290,7 @@ class JobKeysMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.model = Model()
-        with self.engine.begin() as connection:
-            connection.execute(text("TRUNCATE sa_job RESTART IDENTITY"))
+        empty_job_table(self.engine)
 
     # -------------------------------------------------------------- adds
 
@@ -421,8 +422,7 @@ class JobKeysMachine(RuleBasedStateMachine):
 
     def finish(self, job: ModelJob, ending: Ending, delay: float | None = None) -> None:
         error = {"attempt": job.attempt, "error": "machine"} if ending is Ending.FAILED else None
-        with self.engine.begin() as connection:
-            changed = finish_in(connection, [Outcome(job.id, job.runs, ending, delay, error)])
+        changed = finish_outcomes(self.engine, [Outcome(job.id, job.runs, ending, delay, error)])
         assert [job_id for job_id, _ in changed] == [job.id]
         self.model.finish(job, ending, delay)
         assert changed[0][1] is job.state
@@ -464,8 +464,7 @@ class JobKeysMachine(RuleBasedStateMachine):
 
     @rule()
     def schedule(self) -> None:
-        with self.engine.begin() as connection:
-            promoted = Scheduler().run_once(connection)
+        promoted = run_once(self.engine, Scheduler())
         due = [
             job
             for job in self.model.jobs.values()
@@ -555,14 +554,6 @@ class JobKeysMachine(RuleBasedStateMachine):
             )
         keys = [row.job_key for row in rows if row.job_key is not None]
         assert len(keys) == len(set(keys))
-
-
-@pytest.fixture(scope="module")
-def machine_engine(pg_server: Server) -> Iterator[Engine]:
-    with migrated_database(pg_server, "sa_jobs_jk_machine") as url:
-        engine = create_engine(url)
-        yield engine
-        engine.dispose()
 
 
 # A failure's shrinking can take a few minutes (Hypothesis stops shrinking at five).

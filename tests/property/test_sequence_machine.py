@@ -41,18 +41,19 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from sqlalchemy import Engine, func, select, text
+from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import InsertManyParams, InsertOpts, JobState, SequenceOpts
-from sa_jobs.complete import Ending, Outcome, finish_in
+from sa_jobs.complete import Ending, Outcome
 from sa_jobs.errors import JobStateError
 from sa_jobs.models import job_table
 from sa_jobs.states import FINAL_STATES
 from sa_jobs.worker.maintenance.scheduler import Scheduler
 from sa_jobs.worker.maintenance.sequence_repair import SequenceRepair
 from sa_jobs.worker.producer import fetch_jobs
+from tests.helpers import empty_job_table, finish_outcomes, run_once
 
 KEYS = 3
 ACTIVE = frozenset({JobState.AVAILABLE, JobState.RUNNING, JobState.RETRYABLE, JobState.SCHEDULED})
@@ -119,8 +120,7 @@ class SequenceMachine(RuleBasedStateMachine):
         super().__init__()
         self.jobs: dict[int, ModelJob] = {}
         self.inserted = 0
-        with self.engine.begin() as connection:
-            connection.execute(text("TRUNCATE sa_job RESTART IDENTITY"))
+        empty_job_table(self.engine)
 
     # -------------------------------------------------------------- the model's rules
 
@@ -203,9 +203,8 @@ class SequenceMachine(RuleBasedStateMachine):
             assert job.attempt == model.attempt
 
     def _end_run(self, job: ModelJob, ending: Ending) -> None:
-        with self.engine.begin() as connection:
-            # The machine never snoozes or returns a job, so its attempt is its run count.
-            changed = finish_in(connection, [Outcome(job.id, job.attempt, ending, delay=0.0)])
+        # The machine never snoozes or returns a job, so its attempt is its run count.
+        changed = finish_outcomes(self.engine, [Outcome(job.id, job.attempt, ending, delay=0.0)])
         if ending is Ending.COMPLETED:
             job.state = JobState.COMPLETED
         elif ending is Ending.CANCELLED or job.cancel_requested:
@@ -274,8 +273,7 @@ class SequenceMachine(RuleBasedStateMachine):
 
     @rule()
     def scheduler_pass(self) -> None:
-        with self.engine.begin() as connection:
-            promoted = Scheduler().run_once(connection)
+        promoted = run_once(self.engine, Scheduler())
         retryable = self.in_state(JobState.RETRYABLE)
         assert promoted == len(retryable)
         for job in retryable:
@@ -283,8 +281,7 @@ class SequenceMachine(RuleBasedStateMachine):
 
     @rule()
     def repair_pass(self) -> None:
-        with self.engine.begin() as connection:
-            assert SequenceRepair().run_once(connection) == 0
+        assert run_once(self.engine, SequenceRepair()) == 0
 
     # -------------------------------------------------------------- invariants
 

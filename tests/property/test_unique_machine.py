@@ -40,7 +40,6 @@ starts. Bounded at 60 runs of up to 30 steps (about ten seconds).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
 from typing import Any
 
 import attrs
@@ -56,21 +55,25 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import InsertManyParams, InsertOpts, JobState, UniqueOpts
 from sa_jobs.args import kind_of
-from sa_jobs.complete import Ending, Outcome, jobs_finish
-from sa_jobs.devdb import Server
+from sa_jobs.complete import Ending, Outcome
 from sa_jobs.errors import JobStateError, UniqueConflictError
 from sa_jobs.keys import period_start_us
 from sa_jobs.options import REQUIRED_UNIQUE_STATES
 from sa_jobs.states import UNIQUE_CONFLICT_KEY
 from sa_jobs.worker.maintenance.scheduler import Scheduler
-from sa_jobs.worker.producer import fetch_jobs
-from tests.databases import migrated_database
+from tests.helpers import (
+    empty_job_table,
+    fetch_one,
+    finish_outcomes,
+    insert_through,
+    run_once,
+)
 
 # ------------------------------------------------------------------ the jobs
 
@@ -347,8 +350,7 @@ class UniqueJobsMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.model = Model()
-        with self.engine.begin() as connection:
-            connection.execute(text("TRUNCATE sa_job RESTART IDENTITY"))
+        empty_job_table(self.engine)
 
     # -------------------------------------------------------------- inserts
 
@@ -370,22 +372,14 @@ class UniqueJobsMachine(RuleBasedStateMachine):
 
     @rule(item=items, path=st.sampled_from(["insert", "enqueue", "insert_job", "insert_many"]))
     def insert(self, item: Item, path: str) -> None:
-        args, opts = item.args(), item.opts()
-        with Session(self.engine) as session, session.begin():
-            if path == "insert":
-                result = sa_jobs.insert(session, args, opts)
+        if path == "insert_many":  # the item's own options, as a batch item carries them
+            with Session(self.engine) as session, session.begin():
+                (result,) = sa_jobs.insert_many(
+                    session, [InsertManyParams(item.args(), item.opts())]
+                )
                 outcome = (result.job.id, result.unique_skipped_as_duplicate)
-            elif path == "insert_many":
-                (result,) = sa_jobs.insert_many(session, [InsertManyParams(args, opts)])
-                outcome = (result.job.id, result.unique_skipped_as_duplicate)
-            elif path == "enqueue":
-                job = sa_jobs.enqueue(args, opts)
-                session.add(job)
-                session.flush()
-                outcome = (job.id, job.unique_skipped_as_duplicate)
-            else:
-                row = session.execute(sa_jobs.insert_job(args, opts)).one()
-                outcome = (row.id, row.unique_skipped_as_duplicate)
+        else:
+            outcome = insert_through(self.engine, path, item.args(), opts=item.opts())
         self.check_results([item], [outcome])
 
     @initialize(batch=st.lists(items, min_size=1, max_size=3))
@@ -426,17 +420,16 @@ class UniqueJobsMachine(RuleBasedStateMachine):
         """Fetch one job from a queue that has some, as a worker does; returns its id."""
         queues = sorted({self.model.jobs[i].queue for i in self.jobs_in(JobState.AVAILABLE)})
         queue = data.draw(st.sampled_from(queues), label="queue")
-        fetched = fetch_jobs(self.engine, queue, 1, "machine")
+        fetched = fetch_one(self.engine, queue, "machine")
         startable = {
             j.id
             for j in self.model.jobs.values()
             if j.state is JobState.AVAILABLE and j.queue == queue
         }
-        assert len(fetched) == 1
-        assert fetched[0].id in startable
+        assert fetched.id in startable
         event("start: a job")
-        self.model.start(self.model.jobs[fetched[0].id])
-        return fetched[0].id
+        self.model.start(self.model.jobs[fetched.id])
+        return fetched.id
 
     @precondition(lambda self: self.jobs_in(JobState.AVAILABLE))
     @rule(data=st.data())
@@ -460,12 +453,9 @@ class UniqueJobsMachine(RuleBasedStateMachine):
         job = self.model.jobs[job_id]
         seconds = None if delay is None else delay * 60.0
         error = {"attempt": job.attempt, "error": "machine"} if ending is Ending.FAILED else None
-        with self.engine.begin() as connection:
-            changed = connection.execute(
-                # The machine never snoozes or returns a job, so its attempt is its run count.
-                jobs_finish([Outcome(job_id, job.attempt, ending, delay=seconds, error=error)])
-            ).all()
-        assert len(changed) == 1
+        # The machine never snoozes or returns a job, so its attempt is its run count.
+        outcome = Outcome(job_id, job.attempt, ending, delay=seconds, error=error)
+        assert len(finish_outcomes(self.engine, [outcome])) == 1
 
     @precondition(lambda self: self.jobs_in(JobState.RUNNING))
     @rule(data=st.data())
@@ -512,8 +502,7 @@ class UniqueJobsMachine(RuleBasedStateMachine):
 
     @rule()
     def schedule(self) -> None:
-        with self.engine.begin() as connection:
-            promoted = Scheduler().run_once(connection)
+        promoted = run_once(self.engine, Scheduler())
         assert promoted == self.model.schedule()
         if promoted:
             event("schedule: promoted some")
@@ -578,14 +567,6 @@ class UniqueJobsMachine(RuleBasedStateMachine):
                 model_groups.setdefault(job.key, set()).add(row.id)
         # Jobs share a key in the database exactly when they do in the model.
         assert sorted(map(sorted, db_groups.values())) == sorted(map(sorted, model_groups.values()))
-
-
-@pytest.fixture(scope="module")
-def machine_engine(pg_server: Server) -> Iterator[Engine]:
-    with migrated_database(pg_server, "sa_jobs_machine") as url:
-        engine = create_engine(url)
-        yield engine
-        engine.dispose()
 
 
 def test_unique_jobs_behave_like_the_model(
