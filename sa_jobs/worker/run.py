@@ -63,6 +63,37 @@ class RunSettings(Protocol):
     def retry_delay_for(self, job: Job) -> tuple[float, str | None]: ...
 
 
+def job_fields(job: Job) -> dict[str, object]:
+    """The ``extra`` of every log record about a job: ``job_id``, ``kind``, ``queue`` and
+    ``attempt`` become attributes of the record, for structured log handlers."""
+    return {"job_id": job.id, "kind": job.kind, "queue": job.queue, "attempt": job.attempt}
+
+
+def _log_ending(job: Job, outcome: Outcome | None) -> None:
+    """A finished run: DEBUG when it went well, WARNING with the error when not."""
+    ending = outcome.ending.value if outcome is not None else "completed"
+    error = outcome.error.get("error") if outcome is not None and outcome.error else None
+    if error is None:
+        log.debug(
+            "job %d (%s) attempt %d %s",
+            job.id,
+            job.kind,
+            job.attempt,
+            ending,
+            extra=job_fields(job),
+        )
+    else:
+        log.warning(
+            "job %d (%s) attempt %d %s: %s",
+            job.id,
+            job.kind,
+            job.attempt,
+            ending,
+            error,
+            extra=job_fields(job),
+        )
+
+
 class WorkerRun:
     """One start-to-stop run of a worker: every thread and piece of state it needs."""
 
@@ -188,7 +219,7 @@ class WorkerRun:
             late = deadline is not None and time.monotonic() > deadline
             if (self.cancel_requested.is_set() or late) and not interrupted:
                 interrupted = True
-                log.info("interrupting %d running jobs", len(self.running_ids()))
+                log.info("interrupting the running jobs (%d)", len(self.running_ids()))
                 for execution in self._running_executions():
                     self.watchdog.interrupt_now(execution, Interrupt.SHUTDOWN)
             time.sleep(0.01)
@@ -212,14 +243,7 @@ class WorkerRun:
         job = execution.job
         if outcome is not None:
             self.completer.submit(outcome)
-            if outcome.error is not None:
-                log.warning(
-                    "job %d (%s) attempt %d: %s",
-                    job.id,
-                    job.kind,
-                    job.attempt,
-                    outcome.error.get("error"),
-                )
+        _log_ending(job, outcome)
         with self._lock:
             self._executions.pop(job.id, None)
         if by_runner:

@@ -193,7 +193,7 @@ class MaintenanceLoop(Service):
                         step.next_at = now + step.interval
                         count = self._step(step.name, step.run_once)
                         if count:
-                            log.info("%s: %d jobs", step.name, count)
+                            log.info("%s: %d %s", step.name, count, _jobs(count))
             self.passed()
             self.stopping.wait(0.05)
 
@@ -205,3 +205,7 @@ class MaintenanceLoop(Service):
             level = logging.WARNING if is_transient(exc) else logging.ERROR
             log.log(level, "maintenance step %s failed: %s", name, exc)
             return 0
+
+
+def _jobs(count: int) -> str:
+    return "job" if count == 1 else "jobs"
