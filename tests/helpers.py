@@ -123,6 +123,17 @@ def wait_until(
         time.sleep(interval)
 
 
+def eventually(predicate: Callable[[], bool], timeout: float = 2.0) -> bool:
+    """Poll ``predicate`` until it is true; whether it became true within ``timeout``
+    (for assertions that also want to say what did not happen)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
 def wait_event(flag: threading.Event, what: str, timeout: float = 5.0) -> None:
     assert flag.wait(timeout), f"timed out after {timeout} s waiting for {what}"
 

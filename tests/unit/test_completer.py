@@ -14,21 +14,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import pytest
 
 from sa_jobs.complete import Ending, Outcome
 from sa_jobs.worker.completer import BatchCompleter, InlineCompleter, OutcomeWriter
-
-
-def eventually(predicate: Callable[[], bool], timeout: float = 2.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
+from tests.helpers import eventually
 
 
 def completed(job_id: int) -> Outcome:

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,15 +20,7 @@ import sa_jobs
 from sa_jobs.worker.execution import Execution
 from sa_jobs.worker.pool import HandlerThreads
 from sa_jobs.worker.retry import DEFAULT_RETRY_POLICY
-
-
-def eventually(predicate: Callable[[], bool], timeout: float = 2.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
+from tests.helpers import eventually
 
 
 def an_execution(job_id: int) -> Execution:

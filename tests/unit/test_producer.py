@@ -22,17 +22,9 @@ from sa_jobs.models import Job
 from sa_jobs.worker import producer as producer_module
 from sa_jobs.worker.producer import Producer
 from sa_jobs.worker.service import Backoff
+from tests.helpers import eventually
 
 QUEUE = "q"
-
-
-def eventually(predicate: Callable[[], bool], timeout: float = 2.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.001)
-    return True
 
 
 class FakeQueue:
