@@ -25,13 +25,12 @@ import attrs
 from sa_jobs.convert import ArgsConverter, default_converter
 from sa_jobs.errors import DuplicateKindError, InvalidJobArgsError, UnknownKindError
 from sa_jobs.jsonvalue import unstorable_text
+from sa_jobs.option_checks import check_tags, check_timeout
 from sa_jobs.options import (
     UNSET,
     KindDefaults,
     SequenceOpts,
     UniqueOpts,
-    check_tags,
-    check_timeout,
     validate_kind_defaults,
 )
 

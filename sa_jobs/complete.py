@@ -42,6 +42,7 @@ from sa_jobs.errors import JobNotFoundError, JobStateError
 from sa_jobs.models import Job, entering
 from sa_jobs.schema import Features
 from sa_jobs.sequence import advance_sequences, lock_keys_of_jobs
+from sa_jobs.sessions import either_session
 from sa_jobs.sql import json_recordset, seconds_interval
 from sa_jobs.states import (
     CANCEL_ATTEMPTED_KEY,
@@ -83,19 +84,19 @@ class Outcome:
     sequenced: bool | None = None
     #: The job this outcome is for, when the writer has it (not written; lets a writer
     #: that cannot store the outcome fail the job with its retry policy instead).
-    job: Job | None = attrs.field(default=None, eq=False, repr=False)
+    job: Job[Any] | None = attrs.field(default=None, eq=False, repr=False)
 
     @classmethod
-    def of(cls, job: Job, ending: Ending, **details: Any) -> Outcome:
+    def of(cls, job: Job[Any], ending: Ending, **details: Any) -> Outcome:
         """An outcome for this run of ``job``."""
         return cls(job.id, job.run_count, ending, sequenced=in_sequence(job), job=job, **details)
 
     @classmethod
-    def completed(cls, job: Job) -> Outcome:
+    def completed(cls, job: Job[Any]) -> Outcome:
         return cls.of(job, Ending.COMPLETED)
 
 
-def in_sequence(job: Job) -> bool | None:
+def in_sequence(job: Job[Any]) -> bool | None:
     """Whether a job is sequenced, if its row was loaded with ``sequence_key``."""
     if "sequence_key" not in job.__dict__:
         return None
@@ -238,7 +239,8 @@ def finish_in(connection: Connection, outcomes: Sequence[Outcome]) -> list[tuple
     return changed
 
 
-def complete_in(session: Session, job: Job) -> None:
+@either_session
+def complete_in(session: Session, job: Job[Any]) -> None:
     """Complete a running job inside ``session``'s transaction.
 
     The completion commits or rolls back with whatever else the transaction does, so a
@@ -276,6 +278,6 @@ def complete_in(session: Session, job: Job) -> None:
     raise JobStateError(job.id, state.value, "complete", [JobState.RUNNING.value])
 
 
-def _mark_completed(job: Job) -> None:
+def _mark_completed(job: Job[Any]) -> None:
     # Reflect the new state on the object without a reload and without marking it dirty.
     set_committed_value(job, "state", JobState.COMPLETED)

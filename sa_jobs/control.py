@@ -17,6 +17,7 @@ from sa_jobs import sequence
 from sa_jobs.errors import JobNotFoundError, JobStateError, UniqueConflictError
 from sa_jobs.models import Job, entering, holds_unique_key, job_table, unique_index
 from sa_jobs.schema import CONTROL_CHANNEL, Features
+from sa_jobs.sessions import either_session
 from sa_jobs.states import CANCEL_ATTEMPTED_KEY, FINAL_STATES, JobState
 
 __all__ = ["cancel_job", "retry_job"]
@@ -27,7 +28,8 @@ _FINAL = [state.value for state in FINAL_STATES]
 _LEFT_ALONE = [JobState.RUNNING.value, JobState.AVAILABLE.value]
 
 
-def cancel_job(session: Session, job_id: int) -> Job:
+@either_session
+def cancel_job(session: Session, job_id: int) -> Job[Any]:
     """Cancel a job.
 
     A job that is not running is ``cancelled`` at once. A running one is marked (its
@@ -67,7 +69,8 @@ def cancel_job(session: Session, job_id: int) -> Job:
     return _reload(session, job_id)
 
 
-def retry_job(session: Session, job_id: int) -> Job:
+@either_session
+def retry_job(session: Session, job_id: int) -> Job[Any]:
     """Make a job available to run again now (River's ``JobRetry``).
 
     Works on any job that is not running: a finished one is revived (with one more
@@ -124,7 +127,7 @@ def _unique_key_holder(session: Session, job_id: int) -> int | None:
     )
 
 
-def _reload(session: Session, job_id: int) -> Job:
+def _reload(session: Session, job_id: int) -> Job[Any]:
     job = session.execute(
         select(Job).where(Job.id == job_id).execution_options(populate_existing=True)
     ).scalar_one_or_none()

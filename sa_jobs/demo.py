@@ -16,6 +16,7 @@ import contextlib
 import datetime as dt
 import logging
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from sqlalchemy import Column, Engine, MetaData, Table, Text, create_engine, func, insert, select
 from sqlalchemy.orm import Session
@@ -55,7 +56,7 @@ class FlakyReport:
 class RetryAtOnce:
     """A retry policy with no delay, so ``run_until_idle`` also works the retry."""
 
-    def next_delay(self, job: sa_jobs.Job) -> dt.timedelta:
+    def next_delay(self, job: sa_jobs.Job[Any]) -> dt.timedelta:
         return dt.timedelta(0)
 
 
@@ -122,22 +123,22 @@ def _work(engine: Engine, say: Say) -> None:
     resized: list[str] = []
 
     @worker.handler(SendEmail)
-    def send_email(job: sa_jobs.Job) -> None:  # a sync handler runs in a thread
+    def send_email(job: sa_jobs.Job[SendEmail]) -> None:  # a sync handler runs in a thread
         sent.append(f"{job.args.to} ({job.args.template})")
 
     @worker.handler(ResizeImage)
-    async def resize_image(job: sa_jobs.Job) -> None:  # an async one on the event loop
+    async def resize_image(job: sa_jobs.Job[ResizeImage]) -> None:  # an async one on the event loop
         await asyncio.sleep(0)
         resized.append(f"{job.args.image} to {job.args.width} px")
 
     @worker.handler(RecordSignup)
-    def record_signup(job: sa_jobs.Job, session: Session) -> None:
+    def record_signup(job: sa_jobs.Job[RecordSignup], session: Session) -> None:
         # Declaring `session` makes the worker complete the job in this transaction:
         # the row below and the completion commit together, or neither does.
         session.execute(insert(signups).values(email=job.args.email))
 
     @worker.handler(FlakyReport, retry_policy=RetryAtOnce())
-    def flaky_report(job: sa_jobs.Job) -> None:
+    def flaky_report(job: sa_jobs.Job[FlakyReport]) -> None:
         if job.attempt == 1:
             raise RuntimeError(f"report {job.args.name!r} is not ready yet")
 

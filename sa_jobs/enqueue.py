@@ -10,7 +10,7 @@ as the unit of work would have.
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from typing import Any, TypeVar, Unpack
 
 from sqlalchemy import event, inspect
 from sqlalchemy.orm import Session, UOWTransaction
@@ -19,14 +19,16 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sa_jobs.args import encode_args
 from sa_jobs.insert import Returned, write_rows
 from sa_jobs.models import EXISTED_COLUMN, Job
-from sa_jobs.options import InsertOpts
-from sa_jobs.rows import JobRow, insert_opts, row_for, row_of_job
+from sa_jobs.options import InsertOptions, InsertOpts, insert_opts
+from sa_jobs.rows import JobRow, row_for, row_of_job
 from sa_jobs.states import InsertAction
 
 __all__ = ["enqueue"]
 
+A = TypeVar("A")
 
-def enqueue(args: object, opts: InsertOpts | None = None, **options: Any) -> Job:
+
+def enqueue(args: A, opts: InsertOpts | None = None, **options: Unpack[InsertOptions]) -> Job[A]:
     """Return a new :class:`Job` for ``session.add``; it is inserted at the next flush.
 
     Args and options are validated now. Nothing is written until the session flushes,
@@ -36,7 +38,7 @@ def enqueue(args: object, opts: InsertOpts | None = None, **options: Any) -> Job
     call_opts = insert_opts(opts, options)
     kind, args_json = encode_args(args)
     row = row_for(kind, args_json, call_opts)
-    job = Job(
+    job: Job[A] = Job(
         kind=row["kind"],
         args_json=row["args"],
         queue=row["queue"],
@@ -56,7 +58,7 @@ def enqueue(args: object, opts: InsertOpts | None = None, **options: Any) -> Job
 _enqueue_order = itertools.count()
 
 
-def _pending_row(job: Job) -> JobRow:
+def _pending_row(job: Job[Any]) -> JobRow:
     row = job.extras.pending_row
     # A Job built by hand has no row yet: it is validated like any other insert.
     return JobRow(**row) if row is not None else row_of_job(job)  # type: ignore[typeddict-item]
@@ -83,7 +85,7 @@ def _insert_pending_jobs(session: Session, _flush: UOWTransaction, _objects: Any
         _become_row(session, job, entry.returned.job, entry.action)
 
 
-def _become_row(session: Session, job: Job, row: Any, action: InsertAction) -> None:
+def _become_row(session: Session, job: Job[Any], row: Any, action: InsertAction) -> None:
     for attribute in Job.__mapper__.column_attrs:
         name = attribute.columns[0].name
         if name in row:

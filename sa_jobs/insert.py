@@ -22,7 +22,7 @@ import contextlib
 import functools
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar, Unpack
 
 import attrs
 from sqlalchemy import Boolean, Connection, Integer, Text, column, select
@@ -41,10 +41,11 @@ from sa_jobs.insert_statement import (
 )
 from sa_jobs.job_key import insert_keyed
 from sa_jobs.models import EXISTED_COLUMN, Job
-from sa_jobs.options import InsertOpts, JobKeyMode
-from sa_jobs.rows import JobRow, build_rows, insert_opts
+from sa_jobs.options import InsertOptions, InsertOpts, JobKeyMode, insert_opts
+from sa_jobs.rows import JobRow, build_rows
 from sa_jobs.schema import STATEMENT_OPTION, translate_missing_schema
 from sa_jobs.sequence import lock_keys
+from sa_jobs.sessions import either_session
 from sa_jobs.states import InsertAction
 from sa_jobs.unique import fold_duplicates
 
@@ -60,8 +61,11 @@ __all__ = [
 ]
 
 
+A = TypeVar("A")
+
+
 @attrs.frozen
-class InsertResult:
+class InsertResult(Generic[A]):
     """What an insert did.
 
     Attributes:
@@ -74,7 +78,7 @@ class InsertResult:
             more per update in place).
     """
 
-    job: Job
+    job: Job[A]
     unique_skipped_as_duplicate: bool = False
     action: InsertAction = InsertAction.INSERTED
     #: With a job key: the job's revision (0 when created, +1 per update in place);
@@ -118,7 +122,9 @@ Run = Callable[[Insert, dict[str, Any], bool], list[Returned]]
 # --------------------------------------------------------------------------- public paths
 
 
-def insert_job(args: object, opts: InsertOpts | None = None, **options: Any) -> Insert:
+def insert_job(
+    args: object, opts: InsertOpts | None = None, **options: Unpack[InsertOptions]
+) -> Insert:
     """Return a Core ``Insert`` for one job, for ``session.execute`` or composition.
 
     Options are those of :class:`~sa_jobs.options.InsertOpts`, as an instance or as
@@ -142,31 +148,45 @@ def insert_job(args: object, opts: InsertOpts | None = None, **options: Any) -> 
     return statement.execution_options(**{STATEMENT_OPTION: True})
 
 
+@either_session
 def insert(
-    session: Session, args: object, opts: InsertOpts | None = None, **options: Any
-) -> InsertResult:
+    session: Session, args: A, opts: InsertOpts | None = None, **options: Unpack[InsertOptions]
+) -> InsertResult[A]:
     """Insert one job in the session's transaction and return it.
 
-    For an ``AsyncSession``: ``await session.run_sync(sa_jobs.insert, args, ...)``.
+    With an ``AsyncSession``, returns an awaitable: ``await sa_jobs.insert(session, args)``.
     """
-    return insert_many(session, [InsertManyParams(args, insert_opts(opts, options))])[0]
+    return _insert_many(session, [InsertManyParams(args, insert_opts(opts, options))])[0]
 
 
+@either_session
 def insert_many(
     session: Session,
     items: Iterable[object | InsertManyParams],
     opts: InsertOpts | None = None,
     *,
     batch_size: int = 10_000,
-    **options: Any,
-) -> list[InsertResult]:
+    **options: Unpack[InsertOptions],
+) -> list[InsertResult[Any]]:
     """Insert many jobs with one statement per ``batch_size`` rows; results keep input order.
 
     ``items`` are job args instances (which take ``opts``/keywords) or
     :class:`InsertManyParams` carrying their own options. Everything is validated before
     the first statement is sent. Duplicates of one unique key in a batch are folded (the
     first wins); repeats of one job key are applied in order, as separate adds would be.
+    With an ``AsyncSession``, returns an awaitable.
     """
+    return _insert_many(session, items, opts, batch_size=batch_size, **options)
+
+
+def _insert_many(
+    session: Session,
+    items: Iterable[object | InsertManyParams],
+    opts: InsertOpts | None = None,
+    *,
+    batch_size: int = 10_000,
+    **options: Unpack[InsertOptions],
+) -> list[InsertResult[Any]]:
     shared = insert_opts(opts, options)
     pairs = [
         (item.args, item.opts) if isinstance(item, InsertManyParams) else (item, shared)
@@ -186,8 +206,8 @@ def insert_many(
     return results
 
 
-def _result(written: Written) -> InsertResult:
-    job: Job = written.returned.job
+def _result(written: Written) -> InsertResult[Any]:
+    job: Job[Any] = written.returned.job
     skipped = written.action is InsertAction.SKIPPED_DUPLICATE
     job.unique_skipped_as_duplicate = skipped
     revision = written.returned.revision
@@ -291,7 +311,7 @@ def _write_keyed(rows: Sequence[JobRow], mode: JobKeyMode, run: Run) -> list[Wri
     return [Written(row, met if row.existed else InsertAction.INSERTED) for row in returned]
 
 
-def _attach_args(results: Sequence[InsertResult], pairs: Sequence[tuple[object, Any]]) -> None:
+def _attach_args(results: Sequence[InsertResult[Any]], pairs: Sequence[tuple[object, Any]]) -> None:
     # The caller already holds the args instances; spare job.args a decode — but only
     # where the stored args are exactly those (not a job met again later in the batch,
     # whose payload a repeat of its key replaced or merged).

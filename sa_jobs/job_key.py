@@ -54,6 +54,7 @@ from sa_jobs.models import (
 from sa_jobs.options import JobKeyMode, check_job_key
 from sa_jobs.rows import JobRow
 from sa_jobs.schema import translate_missing_schema
+from sa_jobs.sessions import either_session
 from sa_jobs.states import JOB_KEY_REPLACED_KEY, JobState
 
 __all__ = [
@@ -221,6 +222,7 @@ class RemoveOutcome(enum.StrEnum):
     NOT_FOUND = "not_found"
 
 
+@either_session
 def remove_job(session: Session, job_key: str) -> RemoveOutcome:
     """Remove the job holding ``job_key``, in the session's transaction (Graphile's
     ``remove_job``).

@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import attrs
 from sqlalchemy import (
@@ -83,6 +83,9 @@ class Interruptible(Protocol):
     def raise_if_interrupted(self) -> None: ...
 
 
+#: A job's args class.
+A = TypeVar("A")
+
 #: Marks args not decoded yet (None is a possible decode).
 _NOT_DECODED: Any = object()
 _EXTRAS = "_sa_jobs"
@@ -112,8 +115,9 @@ class JobExtras:
     order: int = -1
 
 
-class Job(Base):
-    """One job row.
+class Job(Base, Generic[A]):
+    """One job row, generic in its args class: ``Job[SendEmail]`` has
+    ``job.args: SendEmail`` to a type checker.
 
     ``job.args`` is the job args instance (decoded on first access); ``job.args_json``
     is what is stored. After an insert, ``job.unique_skipped_as_duplicate`` says whether
@@ -259,7 +263,7 @@ class Job(Base):
         return self.extras.insert_action
 
     @property
-    def args(self) -> Any:
+    def args(self) -> A:
         """The job args instance (an instance of the class registered for ``kind``)."""
         stored = self.args_json
         extras = self.extras
@@ -267,7 +271,8 @@ class Job(Base):
         # replace brings new JSON, and with it a new decode.
         if extras.args_of is not stored or extras.args is _NOT_DECODED:
             extras.args_of, extras.args = stored, self.job_kind.decode(stored)
-        return extras.args
+        args: A = extras.args
+        return args
 
     def remember_args(self, args: object) -> None:
         """Record that ``args`` is what :attr:`args_json` decodes to (saves a decode)."""

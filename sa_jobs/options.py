@@ -8,16 +8,28 @@ SQL is sent, so bad input never leaves a half-written batch behind.
 from __future__ import annotations
 
 import datetime as dt
+import difflib
 import enum
-import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 import attrs
 
-from sa_jobs.durations import MAX_TIMEOUT, MAX_TTL, check_instant
-from sa_jobs.errors import InvalidJobArgsError, InvalidOptionsError
-from sa_jobs.jsonvalue import check_json_document, unstorable_text
+from sa_jobs.durations import MAX_TTL, check_instant
+from sa_jobs.errors import InvalidOptionsError
+from sa_jobs.option_checks import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_PRIORITY,
+    DEFAULT_QUEUE,
+    check_max_attempts,
+    check_metadata,
+    check_priority,
+    check_queue,
+    check_scheduled_at,
+    check_tags,
+    check_text,
+    check_timeout,
+)
 from sa_jobs.states import JobState
 
 __all__ = [
@@ -26,6 +38,7 @@ __all__ = [
     "DEFAULT_UNIQUE_STATES",
     "REQUIRED_UNIQUE_STATES",
     "UNSET",
+    "InsertOptions",
     "InsertOpts",
     "JobKeyMode",
     "KindDefaults",
@@ -43,131 +56,6 @@ class _Unset:
 
 
 UNSET: Any = _Unset()
-
-DEFAULT_QUEUE = "default"
-DEFAULT_PRIORITY = 1
-DEFAULT_MAX_ATTEMPTS = 25
-
-MAX_QUEUE_LENGTH = 128
-MAX_TAG_LENGTH = 255
-MAX_TAGS = 64
-PRIORITY_RANGE = range(1, 5)
-# attempt and max_attempts are smallint columns.
-MAX_ATTEMPTS_LIMIT = 32_767
-
-
-def check_queue(queue: object) -> str:
-    if not isinstance(queue, str) or not queue.strip():
-        raise InvalidOptionsError("queue", f"must be a non-empty string, got {queue!r}")
-    if len(queue) > MAX_QUEUE_LENGTH:
-        raise InvalidOptionsError(
-            "queue",
-            f"{queue[:40]!r}... is {len(queue)} characters; the limit is {MAX_QUEUE_LENGTH}",
-        )
-    _check_storable_text("queue", queue)
-    return queue
-
-
-def _check_storable_text(option: str, value: str) -> None:
-    problem = unstorable_text(value)
-    if problem is not None:
-        raise InvalidOptionsError(option, f"{value!r} holds {problem}")
-
-
-def check_priority(priority: object) -> int:
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise InvalidOptionsError("priority", f"must be an int from 1 to 4, got {priority!r}")
-    if priority not in PRIORITY_RANGE:
-        raise InvalidOptionsError(
-            "priority", f"must be from 1 (most urgent) to 4 (least urgent), got {priority}"
-        )
-    return priority
-
-
-def check_max_attempts(max_attempts: object) -> int:
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int):
-        raise InvalidOptionsError("max_attempts", f"must be a positive int, got {max_attempts!r}")
-    if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
-        raise InvalidOptionsError(
-            "max_attempts",
-            f"must be from 1 to {MAX_ATTEMPTS_LIMIT}, got {max_attempts}; a job runs at least once",
-        )
-    return max_attempts
-
-
-def check_tags(tags: object) -> tuple[str, ...]:
-    if isinstance(tags, str) or not isinstance(tags, Iterable):
-        raise InvalidOptionsError("tags", f"must be a list of strings, got {tags!r}")
-    result = tuple(tags)
-    if len(result) > MAX_TAGS:
-        raise InvalidOptionsError("tags", f"at most {MAX_TAGS} tags, got {len(result)}")
-    for tag in result:
-        if not isinstance(tag, str) or not tag:
-            raise InvalidOptionsError("tags", f"each tag must be a non-empty string, got {tag!r}")
-        if len(tag) > MAX_TAG_LENGTH:
-            raise InvalidOptionsError(
-                "tags",
-                f"tag {tag[:40]!r}... is {len(tag)} characters; the limit is {MAX_TAG_LENGTH}",
-            )
-        _check_storable_text("tags", tag)
-    return result
-
-
-def check_timeout(timeout: object) -> dt.timedelta | None:
-    """``None`` (or a negative duration, River's -1) means no limit; longer than
-    :data:`~sa_jobs.durations.MAX_TIMEOUT` (365 days) is clamped to it."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, int | float) and not isinstance(timeout, bool):
-        finite = not isinstance(timeout, float) or math.isfinite(timeout)
-        if finite and timeout < 0:
-            return None  # River's -1, however large
-        if not finite:
-            raise InvalidOptionsError(
-                "timeout",
-                f"must be a finite number of seconds, got {timeout!r}; use None for no limit",
-            )
-        if timeout > MAX_TIMEOUT.total_seconds():
-            return MAX_TIMEOUT
-        timeout = dt.timedelta(seconds=timeout)
-    if not isinstance(timeout, dt.timedelta):
-        raise InvalidOptionsError(
-            "timeout", f"must be a timedelta, a number of seconds or None, got {timeout!r}"
-        )
-    if timeout < dt.timedelta(0):
-        return None
-    if timeout == dt.timedelta(0):
-        raise InvalidOptionsError("timeout", "must be positive; use None for no limit")
-    return min(timeout, MAX_TIMEOUT)
-
-
-def check_scheduled_at(scheduled_at: object) -> dt.datetime:
-    if not isinstance(scheduled_at, dt.datetime):
-        raise InvalidOptionsError(
-            "scheduled_at", f"must be a datetime, got {type(scheduled_at).__name__}"
-        )
-    if scheduled_at.tzinfo is None or scheduled_at.utcoffset() is None:
-        raise InvalidOptionsError(
-            "scheduled_at",
-            f"{scheduled_at.isoformat()} is naive; pass a time-zone-aware datetime such as "
-            "datetime.now(timezone.utc) + timedelta(minutes=5)",
-        )
-    try:
-        check_instant(scheduled_at)
-    except ValueError as exc:
-        raise InvalidOptionsError("scheduled_at", str(exc)) from None
-    return scheduled_at
-
-
-def check_metadata(metadata: object) -> dict[str, Any]:
-    if not isinstance(metadata, Mapping):
-        raise InvalidOptionsError("metadata", f"must be a dict, got {type(metadata).__name__}")
-    result = dict(metadata)
-    try:
-        check_json_document(result, "metadata")
-    except InvalidJobArgsError as exc:
-        raise InvalidOptionsError("metadata", str(exc)) from exc
-    return result
 
 
 def validate_kind_defaults(defaults: KindDefaults) -> None:
@@ -393,7 +281,7 @@ def check_job_key(job_key: object) -> str:
         raise InvalidOptionsError(
             "job_key", f"is {len(job_key)} characters; the limit is {MAX_JOB_KEY_LENGTH}"
         )
-    _check_storable_text("job_key", job_key)
+    check_text("job_key", job_key)
     return job_key
 
 
@@ -487,6 +375,49 @@ class InsertOpts:
             job_key=self.job_key,
             job_key_mode=self.job_key_mode or JobKeyMode.REPLACE,
         ).checked()
+
+
+class InsertOptions(TypedDict, total=False):
+    """The keyword form of :class:`InsertOpts`, for ``**options`` parameters
+    (``sa_jobs.insert(session, args, priority=2)``): mypy checks each name and type."""
+
+    queue: str | None
+    priority: int | None
+    max_attempts: int | None
+    tags: Iterable[str] | None
+    metadata: Mapping[str, Any] | None
+    scheduled_at: dt.datetime | None
+    unique: UniqueOpts | None
+    sequence: SequenceOpts | None
+    job_key: str | None
+    job_key_mode: JobKeyMode | str | None
+
+
+def insert_opts(opts: InsertOpts | None, options: Mapping[str, Any]) -> InsertOpts:
+    """The options of a call: an ``InsertOpts``, keywords, or both (keywords win).
+
+    Raises:
+        InvalidOptionsError: an unknown keyword (with the closest known one), or a value
+            its check refuses.
+    """
+    unknown = sorted(set(options) - _INSERT_OPTION_NAMES)
+    if unknown:
+        name = unknown[0]
+        close = difflib.get_close_matches(name, _INSERT_OPTION_NAMES, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise InvalidOptionsError(
+            name,
+            f"is not an insert option; {hint}the options are "
+            + ", ".join(sorted(_INSERT_OPTION_NAMES)),
+        )
+    if opts is not None and options:
+        return attrs.evolve(opts, **options)
+    if options:
+        return InsertOpts(**options)
+    return opts if opts is not None else InsertOpts()
+
+
+_INSERT_OPTION_NAMES = frozenset(attrs.fields_dict(InsertOpts))
 
 
 def _first(*values: Any) -> Any:

@@ -12,8 +12,6 @@ import datetime as dt
 from collections.abc import Iterable
 from typing import Any, TypedDict
 
-import attrs
-
 from sa_jobs.args import JobKind, check_kind_name, default_registry, encode_args
 from sa_jobs.errors import InvalidJobArgsError
 from sa_jobs.jsonvalue import check_json_document
@@ -22,7 +20,7 @@ from sa_jobs.options import InsertOpts, KindDefaults, ResolvedInsert
 from sa_jobs.sequence import sequence_values
 from sa_jobs.unique import unique_values
 
-__all__ = ["JobRow", "build_rows", "insert_opts", "row_for", "row_of_job"]
+__all__ = ["JobRow", "build_rows", "row_for", "row_of_job"]
 
 
 class JobRow(TypedDict, total=False):
@@ -50,15 +48,6 @@ class JobRow(TypedDict, total=False):
     job_key_mode: str
 
 
-def insert_opts(opts: InsertOpts | None, options: dict[str, Any]) -> InsertOpts:
-    """The options of a call: an ``InsertOpts``, keywords, or both (keywords win)."""
-    if opts is not None and options:
-        return attrs.evolve(opts, **options)
-    if options:
-        return InsertOpts(**options)
-    return opts if opts is not None else InsertOpts()
-
-
 def row_for(kind: JobKind, args_json: Any, opts: InsertOpts) -> JobRow:
     """The row of one job of a registered kind."""
     return _row(kind, kind.name, args_json, opts.resolve(kind.defaults))
@@ -73,7 +62,7 @@ def build_rows(items: Iterable[tuple[object, InsertOpts]]) -> list[JobRow]:
     return rows
 
 
-def row_of_job(job: Job) -> JobRow:
+def row_of_job(job: Job[Any]) -> JobRow:
     """The row of a ``Job`` built by hand (say, for a kind another service handles):
     its attributes are validated like any other insert and defaulted the same way."""
     opts = InsertOpts(

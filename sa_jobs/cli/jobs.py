@@ -171,7 +171,7 @@ def _show(options: argparse.Namespace) -> int:
     return 0
 
 
-def format_job(job: Job) -> str:
+def format_job(job: Job[Any]) -> str:
     """Every column of ``job``: scalars first, then the JSON documents, then the errors."""
     scalars: list[tuple[str, str]] = []
     documents: list[tuple[str, Any]] = []

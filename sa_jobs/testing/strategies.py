@@ -62,8 +62,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
 from sa_jobs.args import encode_args
 from sa_jobs.durations import MAX_TTL
 from sa_jobs.keys import key_digest
-from sa_jobs.options import REQUIRED_UNIQUE_STATES, InsertOpts, UniqueOpts
-from sa_jobs.rows import insert_opts
+from sa_jobs.options import REQUIRED_UNIQUE_STATES, InsertOpts, UniqueOpts, insert_opts
 from sa_jobs.states import JobState
 from sa_jobs.unique import unique_key_bytes
 

@@ -1,18 +1,10 @@
-"""The event loop that async handlers run on, in a thread of its own, and the async
-engine their sessions use.
+"""The event loop that async handlers run on, in a thread of its own.
 
-An ``async def`` handler that takes a session gets an ``AsyncSession`` on an
-``AsyncEngine``: the one passed as ``Worker(..., async_engine=...)``, or else one
-derived from the worker's engine URL with the driver's async form (``psycopg`` →
-``psycopg_async``). A derived engine cannot carry a ``creator=`` or ``connect_args``
-over, so before any handler uses it the worker checks that it reaches the very same
-database as the sync engine (same server start time, same database, same user) — and
-refuses to start if not, rather than let a handler write somewhere else. The same check
-applies to an engine the user passes.
-
-Async connections belong to the event loop that opened them, so an async engine given to
-the worker is for the worker alone: it is used on the worker's loop, and its pool is
-emptied (``dispose()``) when the worker stops.
+Async connections belong to the event loop that opened them, so the async engine of
+:class:`~sa_jobs.worker.engines.WorkerEngines` is used on this loop only, and its pool is
+emptied (``dispose()``) when the worker stops. Before anything runs, the loop checks that
+the worker's sync and async engines reach the very same database — one of them may have
+been derived from the other's URL, which cannot carry a ``creator=`` or ``connect_args``.
 """
 
 from __future__ import annotations
@@ -24,56 +16,18 @@ import threading
 from collections.abc import Coroutine
 from typing import Any
 
-from sqlalchemy import Connection, Engine, text
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sa_jobs.error_records import describe
 from sa_jobs.errors import InvalidOptionsError
+from sa_jobs.worker.engines import WorkerEngines, async_identity, database_identity
 
-__all__ = ["ASYNC_DRIVERS", "EventLoopThread", "database_identity"]
-
-#: The async form of each sync driver that has one.
-ASYNC_DRIVERS = {"psycopg": "psycopg_async"}
-
-_IDENTITY = text(
-    "SELECT pg_postmaster_start_time(), current_database(), current_user, "
-    "(SELECT oid FROM pg_database WHERE datname = current_database())"
-)
-
-
-def database_identity(connection: Connection) -> tuple[Any, ...]:
-    """What tells one database apart from every other: its server's start, name, oid, and
-    the role we are."""
-    return tuple(connection.execute(_IDENTITY).one())
-
-
-async def _async_identity(connection: AsyncConnection) -> tuple[Any, ...]:
-    return tuple((await connection.execute(_IDENTITY)).one())
-
-
-def derive_async_engine(engine: Engine) -> AsyncEngine:
-    """An async engine on ``engine``'s URL with the driver's async form.
-
-    Raises:
-        InvalidOptionsError: the driver has no async form.
-    """
-    driver = engine.dialect.driver
-    async_driver = ASYNC_DRIVERS.get(driver)
-    if async_driver is None:
-        raise InvalidOptionsError(
-            "async_engine",
-            f"async handlers that take a session need an async engine, and the "
-            f"{driver} driver has none; pass Worker(..., async_engine=create_async_engine(...))",
-        )
-    url = engine.url.set(drivername=f"{engine.url.get_backend_name()}+{async_driver}")
-    return create_async_engine(url)
+__all__ = ["EventLoopThread"]
 
 
 class EventLoopThread:
-    def __init__(self, engine: Engine, async_engine: AsyncEngine | None) -> None:
-        self._sync_engine = engine
-        self._given = async_engine
-        self._async_engine: AsyncEngine | None = async_engine
+    def __init__(self, engines: WorkerEngines) -> None:
+        self._engines = engines
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="sa_jobs-asyncio", daemon=True)
 
@@ -88,27 +42,30 @@ class EventLoopThread:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
 
     def async_engine(self) -> AsyncEngine:
-        """The async engine handlers' sessions use (checked by :meth:`check_async_engine`)."""
-        if self._async_engine is None:
-            self._async_engine = derive_async_engine(self._sync_engine)
-        return self._async_engine
+        """The async engine handlers' sessions use (checked by :meth:`check_engines`)."""
+        return self._engines.async_engine()
 
-    def check_async_engine(self, timeout: float = 30.0) -> None:
-        """Make sure the async engine reaches the sync engine's database.
+    def check_engines(self, timeout: float = 30.0) -> None:
+        """Make sure the sync and async engines reach the same database.
 
         Raises:
-            InvalidOptionsError: it does not, or it cannot connect at all.
+            InvalidOptionsError: they do not, or one cannot connect at all.
         """
-        with self._sync_engine.connect() as connection:
-            expected = database_identity(connection)
-        engine = self.async_engine()
-        where = (
-            "the async_engine you passed"
-            if self._given is not None
-            else ("the async engine sa_jobs derived from your engine's URL")
-        )
+        engines = self._engines
         try:
-            found = self.call(self._identity_of(engine), timeout)
+            with engines.sync.connect() as connection:
+                expected = database_identity(connection)
+        except Exception as exc:
+            if not engines.sync_is_derived:
+                raise  # the user's own engine: its error is the one to see
+            raise InvalidOptionsError(
+                "sync_engine",
+                f"{engines.describe_sync()} cannot reach the database ({describe(exc)}); "
+                "pass Worker(your_async_engine, sync_engine=create_engine(...)) built like it",
+            ) from exc
+        where = engines.describe_async()
+        try:
+            found = self.call(async_identity(self.async_engine()), timeout)
         except Exception as exc:
             raise InvalidOptionsError(
                 "async_engine",
@@ -116,33 +73,31 @@ class EventLoopThread:
                 "your engine: Worker(..., async_engine=create_async_engine(...))",
             ) from exc
         if found != expected:
+            if engines.sync_is_derived:
+                option, odd, other = "sync_engine", engines.describe_sync(), where
+                databases = (expected[1], found[1])
+                fix = "Worker(your_async_engine, sync_engine=create_engine(...)) built like it"
+            else:
+                option, odd, other = "async_engine", where, engines.describe_sync()
+                databases = (found[1], expected[1])
+                fix = "Worker(engine, async_engine=create_async_engine(...)) built like it"
             raise InvalidOptionsError(
-                "async_engine",
-                f"{where} reaches another database than the worker's engine "
-                f"({found[1]!r} vs {expected[1]!r}); "
-                + (
-                    "a derived engine cannot copy creator= or connect_args, so pass "
-                    "Worker(..., async_engine=create_async_engine(...)) built like your engine"
-                    if self._given is None
-                    else "pass an async engine on the same database"
-                ),
+                option,
+                f"{odd} reaches another database than {other} ({databases[0]!r} vs "
+                f"{databases[1]!r}); a derived engine cannot copy creator= or connect_args, "
+                f"so pass {fix}",
             )
-
-    @staticmethod
-    async def _identity_of(engine: AsyncEngine) -> tuple[Any, ...]:
-        async with engine.connect() as connection:
-            return await _async_identity(connection)
 
     def call(self, coroutine: Coroutine[Any, Any, Any], timeout: float) -> Any:
         """Run ``coroutine`` on the loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self._async_engine is not None and self._thread.is_alive():
+        engine = self._engines.forget_async()
+        if engine is not None and self._thread.is_alive():
             # Its pooled connections belong to this loop, which is about to close.
             with contextlib.suppress(Exception):  # the database may be gone already
-                self.call(self._async_engine.dispose(), timeout)
-        self._async_engine = self._given
+                self.call(engine.dispose(), timeout)
         if self._thread.is_alive():
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout)

@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy import Engine
 
@@ -103,7 +103,7 @@ class OutcomeWriter:
         *,
         features: Features,
         give_up_after: float,
-        retry_delay: Callable[[Job], float] | None = None,
+        retry_delay: Callable[[Job[Any]], float] | None = None,
         backoff: tuple[float, float] = (0.1, 5.0),
     ) -> None:
         self._engine = engine

@@ -69,7 +69,7 @@ class Execution:
 
     def __init__(
         self,
-        job: Job,
+        job: Job[Any],
         handler: Handler | None,
         retry_policy: RetryPolicy,
         settle: Settle,
@@ -306,7 +306,7 @@ async def run_async(execution: Execution, async_engine: Callable[[], AsyncEngine
                     raise _Superseded
                 if execution.interrupt_reason is Interrupt.TIMEOUT:
                     raise JobTimeoutError(execution.job.id)
-                await session.run_sync(complete_in, execution.job)
+                await complete_in(session, execution.job)
             execution.settle(None)
             return
         await handler.function(execution.job)

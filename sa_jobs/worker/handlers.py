@@ -24,7 +24,8 @@ from sqlalchemy.orm import Session
 
 from sa_jobs.args import JobKind, kind_of
 from sa_jobs.errors import DuplicateHandlerError, InvalidOptionsError, NoHandlerError
-from sa_jobs.options import UNSET, check_timeout
+from sa_jobs.option_checks import check_timeout
+from sa_jobs.options import UNSET
 from sa_jobs.worker.retry import RetryPolicy
 
 __all__ = ["Handler", "HandlerRegistry"]

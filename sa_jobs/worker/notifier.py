@@ -8,9 +8,9 @@ notification lost while the connection was down delays work but never loses it.
 
 The connection comes from the worker's own engine — its pool, its ``creator``, its
 ``connect_args``, its ``connect`` events — and is then detached from the pool, so the
-``LISTEN`` it holds never leaks to a connection the application checks out later. A
-driver whose connections cannot wait for notifications makes the worker poll instead,
-and says so in its log.
+``LISTEN`` it holds never leaks to a connection the application checks out later.
+psycopg 3 and psycopg2 connections can wait for notifications (:class:`Listener`); with
+any other driver (pg8000) the worker polls instead, and says so in its log.
 """
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import select
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import psycopg
 from sqlalchemy import Engine
@@ -37,6 +38,57 @@ log = logging.getLogger("sa_jobs.worker")
 
 class ListenUnsupportedError(Exception):
     """The engine's driver gives connections that cannot wait for notifications."""
+
+
+class Listener(Protocol):
+    """A driver connection in autocommit mode, ``LISTEN``-ing."""
+
+    def notifications(self, timeout: float) -> Iterator[tuple[str, str]]:
+        """``(channel, payload)`` pairs as they arrive, for up to ``timeout`` seconds."""
+        ...
+
+
+class _Psycopg3(Listener):
+    def __init__(self, connection: psycopg.Connection[Any]) -> None:
+        connection.rollback()
+        connection.autocommit = True
+        for channel in (INSERT_CHANNEL, CONTROL_CHANNEL):
+            connection.execute(f"LISTEN {channel}")
+        self._connection = connection
+
+    def notifications(self, timeout: float) -> Iterator[tuple[str, str]]:
+        for notification in self._connection.notifies(timeout=timeout):
+            yield notification.channel, notification.payload
+
+
+class _Psycopg2(Listener):
+    def __init__(self, connection: Any) -> None:
+        connection.rollback()
+        connection.autocommit = True
+        with connection.cursor() as cursor:
+            for channel in (INSERT_CHANNEL, CONTROL_CHANNEL):
+                cursor.execute(f"LISTEN {channel}")
+        self._connection = connection
+
+    def notifications(self, timeout: float) -> Iterator[tuple[str, str]]:
+        connection = self._connection
+        # psycopg2 reads notifications when polled; select() waits for the socket.
+        if select.select([connection], [], [], timeout)[0]:
+            connection.poll()
+            while connection.notifies:
+                notification = connection.notifies.pop(0)
+                yield notification.channel, notification.payload
+
+
+def _listener(driver: str, connection: Any) -> Listener:
+    if driver == "psycopg" and isinstance(connection, psycopg.Connection):
+        return _Psycopg3(connection)
+    if driver == "psycopg2":
+        return _Psycopg2(connection)
+    raise ListenUnsupportedError(
+        f"the {driver} driver's connections cannot wait for notifications here "
+        "(psycopg 3 and psycopg2 can)"
+    )
 
 
 class Notifier(Service):
@@ -58,31 +110,21 @@ class Notifier(Service):
         self.connected = threading.Event()
         self._backoff = Backoff()
 
-    def _connect(self) -> tuple[Any, psycopg.Connection[Any]]:
+    def _connect(self) -> tuple[Any, Listener]:
         """A connection of the engine's, out of its pool for good, listening."""
         pooled = self._engine.raw_connection()
-        driver = pooled.driver_connection
+        driver_connection = pooled.driver_connection  # gone from ``pooled`` once detached
         pooled.detach()
-        if not isinstance(driver, psycopg.Connection):
-            pooled.close()
-            raise ListenUnsupportedError(
-                f"the {self._engine.dialect.driver} driver's connections cannot wait for "
-                "notifications here"
-            )
         try:
-            driver.rollback()
-            driver.autocommit = True
-            driver.execute(f"LISTEN {INSERT_CHANNEL}")
-            driver.execute(f"LISTEN {CONTROL_CHANNEL}")
+            return pooled, _listener(self._engine.dialect.driver, driver_connection)
         except BaseException:
             pooled.close()
             raise
-        return pooled, driver
 
     def run_loop(self) -> None:
         while not self.stopping.is_set():
             try:
-                pooled, connection = self._connect()
+                pooled, listener = self._connect()
             except ListenUnsupportedError as exc:
                 log.warning("%s; the worker polls for new jobs instead", exc)
                 return
@@ -96,8 +138,8 @@ class Notifier(Service):
                 # Anything sent while we were not listening is found by this fetch.
                 self._on_connect()
                 while not self.stopping.is_set():
-                    for notification in connection.notifies(timeout=0.25):
-                        self._dispatch(notification.channel, notification.payload)
+                    for channel, payload in listener.notifications(timeout=0.25):
+                        self._dispatch(channel, payload)
                     self.passed()
             except Exception as exc:
                 self._log_failure("listen connection lost", exc)

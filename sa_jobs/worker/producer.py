@@ -96,7 +96,7 @@ def fetch_jobs(
     worker_id: str,
     *,
     features: Features | None = None,
-) -> list[Job]:
+) -> list[Job[Any]]:
     """Fetch and detach jobs, in the order they should start.
 
     The rows are marked running and loaded in one transaction, which commits only once
@@ -121,8 +121,8 @@ class Producer(Service):
         queue: str,
         concurrency: int,
         *,
-        fetch: Callable[[str, int], list[Job]],
-        dispatch: Callable[[Job], None],
+        fetch: Callable[[str, int], list[Job[Any]]],
+        dispatch: Callable[[Job[Any]], None],
         poll_interval: float,
         stopping: threading.Event,
     ) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import random
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 
@@ -32,7 +32,7 @@ log = logging.getLogger("sa_jobs.worker")
 
 
 class RetryPolicy(Protocol):
-    def next_delay(self, job: Job) -> dt.timedelta:
+    def next_delay(self, job: Job[Any]) -> dt.timedelta:
         """How long after this failed attempt the job should run again."""
         ...
 
@@ -45,7 +45,7 @@ class ExponentialRetry:
     jitter: float = 0.1
     max_delay: dt.timedelta = dt.timedelta(days=7)
 
-    def next_delay(self, job: Job) -> dt.timedelta:
+    def next_delay(self, job: Job[Any]) -> dt.timedelta:
         base = float(len(job.errors or ()) + 1) ** self.exponent
         jittered = base * (1 + random.uniform(-self.jitter, self.jitter))
         return min(dt.timedelta(seconds=jittered), self.max_delay)
@@ -54,7 +54,7 @@ class ExponentialRetry:
 DEFAULT_RETRY_POLICY = ExponentialRetry()
 
 
-def retry_delay(policy: RetryPolicy, job: Job) -> tuple[float, str | None]:
+def retry_delay(policy: RetryPolicy, job: Job[Any]) -> tuple[float, str | None]:
     """Seconds until ``job`` runs again after a failed attempt, per ``policy``.
 
     Returns the delay and, when the policy misbehaved, a note saying how (also logged);

@@ -14,16 +14,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from sqlalchemy import Engine
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sa_jobs.complete import Outcome
 from sa_jobs.models import Job
 from sa_jobs.schema import Features
 from sa_jobs.worker.aio import EventLoopThread
 from sa_jobs.worker.completer import BatchCompleter, Completer, InlineCompleter, OutcomeWriter
+from sa_jobs.worker.engines import WorkerEngines
 from sa_jobs.worker.execution import Execution, Interrupt, run_async, run_sync
 from sa_jobs.worker.handlers import HandlerRegistry
 from sa_jobs.worker.maintenance.loop import MaintenanceConfig, MaintenanceLoop
@@ -50,7 +50,7 @@ class RunSettings(Protocol):
     queues: dict[str, int]
     id: str
     retry_policy: RetryPolicy
-    async_engine: AsyncEngine | None
+    engines: WorkerEngines
     handlers: HandlerRegistry
     maintenance_config: MaintenanceConfig
     poll_interval: float
@@ -60,16 +60,16 @@ class RunSettings(Protocol):
     @property
     def completer_kind(self) -> Literal["batch", "inline"]: ...
 
-    def retry_delay_for(self, job: Job) -> tuple[float, str | None]: ...
+    def retry_delay_for(self, job: Job[Any]) -> tuple[float, str | None]: ...
 
 
-def job_fields(job: Job) -> dict[str, object]:
+def job_fields(job: Job[Any]) -> dict[str, object]:
     """The ``extra`` of every log record about a job: ``job_id``, ``kind``, ``queue`` and
     ``attempt`` become attributes of the record, for structured log handlers."""
     return {"job_id": job.id, "kind": job.kind, "queue": job.queue, "attempt": job.attempt}
 
 
-def _log_ending(job: Job, outcome: Outcome | None) -> None:
+def _log_ending(job: Job[Any], outcome: Outcome | None) -> None:
     """A finished run: DEBUG when it went well, WARNING with the error when not."""
     ending = outcome.ending.value if outcome is not None else "completed"
     error = outcome.error.get("error") if outcome is not None and outcome.error else None
@@ -113,12 +113,21 @@ class WorkerRun:
 
     def start(self) -> None:
         worker = self.worker
+        engines = worker.engines
+        handlers = worker.handlers.all()
+        # A derived or passed engine is checked before anything else uses it.
+        two_engines = engines.sync is not engines.given
+        async_sessions = any(h.is_async and h.wants_session for h in handlers)
+        needs_loop = two_engines or any(h.is_async for h in handlers)
+        self.loop = EventLoopThread(engines) if needs_loop else None
+        if self.loop is not None:
+            self.loop.start()
+            self._started.append("loop")
+            if two_engines or async_sessions:
+                self.loop.check_engines()
         with self.engine.connect() as connection:
             features = Features.of(connection)
-        handlers = worker.handlers.all()
         self.pool = HandlerThreads("sa_jobs-job", worker.stuck_thread_limit, self._release_slot)
-        needs_loop = any(h.is_async for h in handlers)
-        self.loop = EventLoopThread(self.engine, worker.async_engine) if needs_loop else None
         writer = OutcomeWriter(
             self.engine,
             features=features,
@@ -161,11 +170,6 @@ class WorkerRun:
             on_connect=self.wake_all,
             stopping=self.closing,
         )
-        if self.loop is not None:
-            self.loop.start()
-            self._started.append("loop")
-            if any(h.is_async and h.wants_session for h in handlers):
-                self.loop.check_async_engine()
         self.maintenance.start()
         self._started.append("maintenance")
         self.completer.start()
@@ -226,7 +230,7 @@ class WorkerRun:
 
     # -- running jobs
 
-    def _dispatch(self, job: Job) -> None:
+    def _dispatch(self, job: Job[Any]) -> None:
         handler = self.worker.handlers.find(job.kind)
         execution = Execution(
             job, handler, self.worker.retry_policy, self._settled, on_begin=self.watchdog.watch

@@ -9,6 +9,7 @@ survive.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import os
@@ -26,9 +27,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.models import Job
-from sa_jobs.options import UNSET, check_queue, check_timeout
+from sa_jobs.option_checks import check_queue, check_timeout
+from sa_jobs.options import UNSET
 from sa_jobs.states import JobState
-from sa_jobs.worker.aio import ASYNC_DRIVERS
+from sa_jobs.worker.engines import WorkerEngines
 from sa_jobs.worker.handlers import HandlerRegistry
 from sa_jobs.worker.maintenance.loop import MaintenanceConfig
 from sa_jobs.worker.retry import DEFAULT_RETRY_POLICY, RetryPolicy, retry_delay
@@ -46,9 +48,12 @@ class Worker:
     """Runs handlers for jobs of the given queues.
 
     Args:
-        engine: A SQLAlchemy engine on the jobs' database (psycopg 3). Every connection
-            the worker opens comes from it — its pool, ``creator``, ``connect_args`` and
-            events — including the ``LISTEN`` connection.
+        engine: A SQLAlchemy ``Engine`` or ``AsyncEngine`` on the jobs' database, on
+            psycopg 3, psycopg2, asyncpg (or pg8000, which polls). With an ``Engine``,
+            every connection of the worker's threads comes from it — its pool,
+            ``creator``, ``connect_args`` and events — including the ``LISTEN``
+            connection. With an ``AsyncEngine``, async handlers' sessions use it (with a
+            pool of their own) and the worker's threads use ``sync_engine``.
         queues: Queue name to concurrency (jobs of that queue run at once in this
             process). Default ``{"default": 10}``.
         job_timeout: Default run time limit; ``None`` (or a negative duration) for none.
@@ -60,8 +65,12 @@ class Worker:
         interrupt_grace: Seconds a timed-out, cancelled or shut-down job gets to stop
             before the worker settles it without waiting for the handler.
         worker_id: A unique name for this process; default ``host-pid-random``.
-        async_engine: The engine async handlers' sessions use. Default: one derived from
-            ``engine``'s URL, checked at start to reach the same database.
+        async_engine: For an ``Engine``: the engine async handlers' sessions use.
+            Default: one derived from ``engine``'s URL (psycopg 3's async form), checked
+            at start to reach the same database.
+        sync_engine: For an ``AsyncEngine``: the engine of the worker's threads and of
+            sync handlers' sessions. Default: one derived from ``engine``'s URL
+            (psycopg 3), checked at start to reach the same database.
         stuck_thread_limit: How many threads stuck in handlers that ignore their timeout
             are replaced before the worker stops reusing their slots (default: the
             total concurrency). See ``docs/workers.md``.
@@ -69,7 +78,7 @@ class Worker:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | AsyncEngine,
         queues: Mapping[str, int] | None = None,
         *,
         job_timeout: dt.timedelta | float | None = DEFAULT_JOB_TIMEOUT,
@@ -81,8 +90,11 @@ class Worker:
         worker_id: str | None = None,
         async_engine: AsyncEngine | None = None,
         stuck_thread_limit: int | None = None,
+        sync_engine: Engine | None = None,
     ) -> None:
-        self.engine = engine
+        self.engines = WorkerEngines(engine, sync_engine=sync_engine, async_engine=async_engine)
+        #: The engine of the worker's threads (the given one, unless that is async).
+        self.engine: Engine = self.engines.sync
         self.queues = dict(queues if queues is not None else {"default": 10})
         _check_queues(self.queues)
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -91,7 +103,6 @@ class Worker:
                 "retry_policy", f"must have a next_delay(job) method, got {retry_policy!r}"
             )
         self.retry_policy: RetryPolicy = retry_policy or DEFAULT_RETRY_POLICY
-        self.async_engine = async_engine
         self.handlers = HandlerRegistry(check_timeout(job_timeout), self._async_session_problem)
         self.maintenance_config = maintenance or MaintenanceConfig()
         self.poll_interval = _positive("poll_interval", poll_interval)
@@ -138,14 +149,9 @@ class Worker:
         return register
 
     def _async_session_problem(self) -> str | None:
-        if self.async_engine is not None or self.engine.dialect.driver in ASYNC_DRIVERS:
-            return None
-        return (
-            f"the engine's driver ({self.engine.dialect.driver}) has no async form; pass "
-            "Worker(..., async_engine=...) or make the handler sync"
-        )
+        return self.engines.async_problem
 
-    def retry_delay_for(self, job: Job) -> tuple[float, str | None]:
+    def retry_delay_for(self, job: Job[Any]) -> tuple[float, str | None]:
         """When ``job`` runs again after a failed attempt: its handler's retry policy, else
         the worker's (used by the rescuer too)."""
         handler = self.handlers.find(job.kind)
@@ -191,7 +197,36 @@ class Worker:
             except BaseException:
                 run.stop(cancel=True, timeout=0, flush_timeout=0)
                 self._run = None
+                self.engines.dispose_derived()
                 raise
+
+    async def start_async(self) -> None:
+        """:meth:`start` for async apps: starts the worker's threads without blocking the
+        caller's event loop (say, in a FastAPI lifespan). The worker runs its own loop
+        for async handlers; the app's loop only awaits these calls."""
+        await asyncio.to_thread(self.start)
+
+    async def stop_async(
+        self,
+        cancel: bool = False,
+        timeout: float | None = None,
+        *,
+        flush_timeout: float = SHUTDOWN_FLUSH_TIMEOUT,
+    ) -> None:
+        """:meth:`stop` without blocking the caller's event loop."""
+        await asyncio.to_thread(self.stop, cancel, timeout, flush_timeout=flush_timeout)
+
+    async def run_until_idle_async(self, timeout: float | None = 60.0) -> None:
+        """:meth:`run_until_idle` without blocking the caller's event loop."""
+        await asyncio.to_thread(self.run_until_idle, timeout)
+
+    async def __aenter__(self) -> Worker:
+        """``async with worker:`` starts it and stops it (gracefully) on the way out."""
+        await self.start_async()
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        await self.stop_async()
 
     def run(self) -> None:
         """Work until SIGTERM/SIGINT (or :meth:`stop`).
@@ -266,6 +301,7 @@ class Worker:
                 run.stop(cancel=cancel, timeout=timeout, flush_timeout=flush_timeout)
             finally:
                 self._run = None
+                self.engines.dispose_derived()
 
     @contextmanager
     def _signals_stop(self, run: WorkerRun) -> Iterator[None]:

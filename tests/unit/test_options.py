@@ -23,6 +23,7 @@ import sa_jobs
 from sa_jobs.args import kind_of
 from sa_jobs.durations import EARLIEST_INSTANT, LATEST_INSTANT, MAX_TIMEOUT, MAX_TTL
 from sa_jobs.errors import InvalidOptionsError
+from sa_jobs.option_checks import check_timeout
 from sa_jobs.options import (
     DEFAULT_UNIQUE_STATES,
     REQUIRED_UNIQUE_STATES,
@@ -31,7 +32,6 @@ from sa_jobs.options import (
     KindDefaults,
     SequenceOpts,
     UniqueOpts,
-    check_timeout,
 )
 from sa_jobs.states import JobState
 

@@ -26,8 +26,14 @@ from sa_jobs.args import kind_of
 from sa_jobs.errors import InvalidJobArgsError, InvalidOptionsError
 from sa_jobs.insert_statement import ROWS_PARAM, InsertShape, in_input_order, rows_param, shape_of
 from sa_jobs.models import Job
-from sa_jobs.options import DEFAULT_UNIQUE_STATES, REQUIRED_UNIQUE_STATES, InsertOpts, JobKeyMode
-from sa_jobs.rows import JobRow, build_rows, insert_opts, row_for, row_of_job
+from sa_jobs.options import (
+    DEFAULT_UNIQUE_STATES,
+    REQUIRED_UNIQUE_STATES,
+    InsertOpts,
+    JobKeyMode,
+    insert_opts,
+)
+from sa_jobs.rows import JobRow, build_rows, row_for, row_of_job
 
 REGISTRY = sa_jobs.KindRegistry()
 
@@ -328,8 +334,16 @@ def test_insert_opts_validates_keywords_like_the_object_does() -> None:
     with pytest.raises(InvalidOptionsError) as exc:
         insert_opts(InsertOpts(queue="a"), {"priority": 9})
     assert exc.value.option == "priority"
-    with pytest.raises(TypeError):
-        insert_opts(None, {"prio": 1})
+
+
+def test_an_unknown_keyword_names_the_closest_option_even_next_to_an_opts_object() -> None:
+    for opts in (None, InsertOpts(queue="a")):
+        with pytest.raises(InvalidOptionsError, match="did you mean 'priority'") as exc:
+            insert_opts(opts, {"priorty": 1})
+        assert exc.value.option == "priorty"
+    with pytest.raises(InvalidOptionsError, match="the options are job_key, ") as exc:
+        insert_opts(None, {"colour": "red"})
+    assert "did you mean" not in str(exc.value)
 
 
 # --------------------------------------------------------------------------- hand-built jobs

@@ -35,7 +35,7 @@ from sa_jobs.worker.retry import DEFAULT_RETRY_POLICY, retry_delay
 __all__ = ["Rescuer", "jobs_orphaned"]
 
 #: ``(delay in seconds, note)`` for a job whose attempt failed; see Worker.retry_delay_for.
-RetryDelay = Callable[[Job], tuple[float, str | None]]
+RetryDelay = Callable[[Job[Any]], tuple[float, str | None]]
 
 
 def _orphaned(
@@ -70,7 +70,7 @@ def jobs_orphaned(
     return select(Job.id).where(*_orphaned(rescue_after, own)).limit(limit)
 
 
-def _default_retry_delay(job: Job) -> tuple[float, str | None]:
+def _default_retry_delay(job: Job[Any]) -> tuple[float, str | None]:
     return retry_delay(DEFAULT_RETRY_POLICY, job)
 
 
@@ -113,7 +113,7 @@ class Rescuer:
             outcomes = [self._outcome(job) for job in jobs]
         return finish_in(connection, outcomes) if outcomes else []
 
-    def _outcome(self, job: Job) -> Outcome:
+    def _outcome(self, job: Job[Any]) -> Outcome:
         worker = job.attempted_by[-1] if job.attempted_by else "?"
         record = message_record(
             job.attempt,

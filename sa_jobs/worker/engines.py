@@ -1,0 +1,205 @@
+"""The two engines a worker needs, made from the one the user gives, on any driver.
+
+A worker's own work — fetching, writing outcomes, maintenance, ``LISTEN``, and the
+sessions of sync handlers — runs in threads on a **sync** engine; async handlers run on
+the worker's event loop with sessions on an **async** engine. The user gives one engine,
+of either kind, on any of psycopg 3, psycopg2 or asyncpg (pg8000 works too, polling):
+
+* The other kind is the one passed explicitly (``sync_engine=`` / ``async_engine=``), or
+  else derived from the given engine's URL with the driver form that exists for it
+  (:data:`SYNC_FORMS`, :data:`ASYNC_FORMS`; psycopg 3 is always installed, so there is
+  always one). A derived engine cannot carry a ``creator=`` or ``connect_args`` over, so
+  at start the worker checks that it reaches the very same database (same server start,
+  database, oid and role) and refuses to start otherwise, saying what to pass.
+* An async engine is used on the worker's own event loop, and async connections belong
+  to the loop that opened them: the app's ``AsyncEngine`` may be serving the app's loop
+  at the same time, so the worker never shares its pool. It uses :func:`own_pool`: the
+  same dialect, URL, ``creator``/``connect_args`` and pool events, with a pool of its
+  own that is emptied when the worker stops.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from sa_jobs.errors import InvalidOptionsError
+
+__all__ = [
+    "ASYNC_FORMS",
+    "SYNC_FORMS",
+    "WorkerEngines",
+    "async_identity",
+    "database_identity",
+    "own_pool",
+]
+
+#: The async driver a sync engine's URL is switched to for async handlers' sessions.
+ASYNC_FORMS = {
+    "psycopg": "psycopg_async",
+    "psycopg2": "psycopg_async",
+    "pg8000": "psycopg_async",
+}
+#: The sync driver an async engine's URL is switched to for the worker's own threads.
+#: (An async psycopg engine's dialect calls its driver ``psycopg`` too.)
+SYNC_FORMS = {"asyncpg": "psycopg", "psycopg": "psycopg", "psycopg_async": "psycopg"}
+
+_IDENTITY = text(
+    "SELECT pg_postmaster_start_time(), current_database(), current_user, "
+    "(SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+
+
+def database_identity(connection: Connection) -> tuple[Any, ...]:
+    """What tells one database apart from every other: its server's start, name, oid, and
+    the role we are."""
+    return tuple(connection.execute(_IDENTITY).one())
+
+
+async def async_identity(engine: AsyncEngine) -> tuple[Any, ...]:
+    """:func:`database_identity` through an async engine."""
+    async with engine.connect() as connection:
+        return await _identity_of(connection)
+
+
+async def _identity_of(connection: AsyncConnection) -> tuple[Any, ...]:
+    return tuple((await connection.execute(_IDENTITY)).one())
+
+
+def own_pool(engine: AsyncEngine) -> AsyncEngine:
+    """``engine`` with a pool of its own (see the module): the pool's ``recreate()``
+    keeps its creator — hence ``connect_args`` and ``do_connect`` hooks, which live on
+    the shared dialect — its size and its events."""
+    sync = engine.sync_engine
+    copy = Engine(
+        sync.pool.recreate(),
+        sync.dialect,
+        sync.url,
+        logging_name=sync.logging_name,
+        echo=sync.echo,
+        hide_parameters=sync.hide_parameters,
+        execution_options=sync.get_execution_options(),
+    )
+    return AsyncEngine(copy)
+
+
+def _switch_driver(url: Any, driver: str) -> Any:
+    return url.set(drivername=f"{url.get_backend_name()}+{driver}")
+
+
+class WorkerEngines:
+    """The sync and async engines of one worker, and where each came from.
+
+    Args:
+        given: The engine passed as ``Worker(engine)``.
+        sync_engine: ``Worker(..., sync_engine=)``: for an async ``given``, the engine of
+            the worker's threads instead of a derived one.
+        async_engine: ``Worker(..., async_engine=)``: the engine of async handlers'
+            sessions instead of one derived from ``given`` (used with a pool of its own).
+    """
+
+    def __init__(
+        self,
+        given: Engine | AsyncEngine,
+        *,
+        sync_engine: Engine | None = None,
+        async_engine: AsyncEngine | None = None,
+    ) -> None:
+        if not isinstance(given, Engine | AsyncEngine):
+            raise InvalidOptionsError(
+                "engine",
+                f"must be a SQLAlchemy Engine or AsyncEngine, got {type(given).__name__}; "
+                "build one with create_engine(...) or create_async_engine(...)",
+            )
+        for option, value, kind in (
+            ("sync_engine", sync_engine, Engine),
+            ("async_engine", async_engine, AsyncEngine),
+        ):
+            if value is not None and not isinstance(value, kind):
+                raise InvalidOptionsError(
+                    option, f"must be a {kind.__name__}, got {type(value).__name__}"
+                )
+        self.given = given
+        self._derived_sync = False
+        if isinstance(given, AsyncEngine):
+            if sync_engine is None:
+                sync_engine = self._derive_sync(given)
+                self._derived_sync = True
+            async_source: AsyncEngine | None = async_engine or given
+        else:
+            if sync_engine is not None:
+                raise InvalidOptionsError(
+                    "sync_engine", "is for a worker given an AsyncEngine; this one has an Engine"
+                )
+            sync_engine = given
+            async_source = async_engine
+        #: The engine of the worker's threads and of sync handlers' sessions.
+        self.sync: Engine = sync_engine
+        #: Where async handlers' engine comes from (None: derived from the sync URL).
+        self._async_source = async_source
+        self._async: AsyncEngine | None = None
+
+    @staticmethod
+    def _derive_sync(given: AsyncEngine) -> Engine:
+        driver = given.dialect.driver
+        sync_driver = SYNC_FORMS.get(driver)
+        if sync_driver is None:
+            raise InvalidOptionsError(
+                "engine",
+                f"sa_jobs does not know a sync form of the {driver} driver; pass "
+                "Worker(async_engine_of_yours, sync_engine=create_engine(...))",
+            )
+        return create_engine(_switch_driver(given.url, sync_driver))
+
+    @property
+    def async_problem(self) -> str | None:
+        """Why async handlers cannot have sessions, or None."""
+        if self._async_source is not None or self.sync.dialect.driver in ASYNC_FORMS:
+            return None
+        return (
+            f"the engine's driver ({self.sync.dialect.driver}) has no async form sa_jobs "
+            "knows; pass Worker(..., async_engine=...) or make the handler sync"
+        )
+
+    def describe_async(self) -> str:
+        if self._async_source is self.given:
+            return "the worker's AsyncEngine"
+        if self._async_source is not None:
+            return "the async_engine you passed"
+        return "the async engine sa_jobs derived from your engine's URL"
+
+    def describe_sync(self) -> str:
+        if self._derived_sync:
+            return "the sync engine sa_jobs derived from your AsyncEngine's URL"
+        if self.sync is not self.given:
+            return "the sync_engine you passed"
+        return "the worker's engine"
+
+    @property
+    def sync_is_derived(self) -> bool:
+        return self._derived_sync
+
+    def async_engine(self) -> AsyncEngine:
+        """The async engine for the worker's loop (made on first use, see the module)."""
+        if self._async is None:
+            if self._async_source is not None:
+                self._async = own_pool(self._async_source)
+            else:
+                driver = self.sync.dialect.driver
+                async_driver = ASYNC_FORMS.get(driver)
+                if async_driver is None:
+                    raise InvalidOptionsError("async_engine", self.async_problem or driver)
+                self._async = create_async_engine(_switch_driver(self.sync.url, async_driver))
+        return self._async
+
+    def forget_async(self) -> AsyncEngine | None:
+        """Hand back the loop's async engine for disposal; the next run makes a new one."""
+        engine, self._async = self._async, None
+        return engine
+
+    def dispose_derived(self) -> None:
+        """Close the derived sync engine's connections (the worker owns it)."""
+        if self._derived_sync:
+            self.sync.dispose()
