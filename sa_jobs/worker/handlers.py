@@ -8,6 +8,8 @@ A handler's signature is checked when it is registered, so a mistake surfaces at
   any other required parameter is refused;
 * an ``async def`` handler that takes a session needs an async engine, which the worker
   must be able to provide (see :mod:`sa_jobs.worker.aio`);
+* a handler whose job parameter is annotated ``Job[X]`` is registered for ``X`` (or a
+  subclass of it);
 * a kind has one handler per worker.
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import inspect
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from sa_jobs.args import JobKind, kind_of
 from sa_jobs.errors import DuplicateHandlerError, InvalidOptionsError, NoHandlerError
+from sa_jobs.models import Job
 from sa_jobs.option_checks import check_timeout
 from sa_jobs.options import UNSET
 from sa_jobs.worker.retry import RetryPolicy
@@ -85,6 +89,7 @@ class HandlerRegistry:
             raise DuplicateHandlerError(kind.name, self._handlers[kind.name].function, function)
         is_async = _is_async(function)
         wants_session = _wants_session(function)
+        _check_job_annotation(function, args_class)
         if is_async and wants_session:
             problem = self._async_session_problem()
             if problem is not None:
@@ -129,6 +134,31 @@ class HandlerRegistry:
 
 def _name(function: Callable[..., Any]) -> str:
     return str(getattr(function, "__qualname__", None) or function)
+
+
+def _check_job_annotation(function: Callable[..., Any], args_class: type) -> None:
+    """A handler annotated ``job: Job[Other]`` is registered for the wrong kind: refuse.
+
+    Annotations that cannot be resolved here (a name imported only for type checking)
+    are left to the type checker, which sees the same mismatch statically."""
+    try:
+        hints = typing.get_type_hints(function)
+        first = next(iter(inspect.signature(function).parameters.values()))
+    except Exception:
+        return
+    annotation = hints.get(first.name)
+    if typing.get_origin(annotation) is not Job:
+        return
+    (declared,) = typing.get_args(annotation)
+    if declared is Any or isinstance(declared, typing.TypeVar):
+        return
+    if not (isinstance(declared, type) and issubclass(args_class, declared)):
+        raise InvalidOptionsError(
+            "handler",
+            f"{_name(function)} is registered for {args_class.__name__} jobs but its job "
+            f"parameter is annotated Job[{getattr(declared, '__name__', declared)}]; annotate "
+            f"it Job[{args_class.__name__}] or register it for the class it expects",
+        )
 
 
 def _is_async(function: Callable[..., Any]) -> bool:

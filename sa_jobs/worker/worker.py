@@ -20,10 +20,11 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeAlias, TypeVar
 
 from sqlalchemy import Engine, exists, func, select
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.orm import Session
 
 from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.models import Job
@@ -39,7 +40,14 @@ from sa_jobs.worker.run import SHUTDOWN_FLUSH_TIMEOUT, WorkerRun
 __all__ = ["Worker"]
 
 log = logging.getLogger("sa_jobs.worker")
-F = TypeVar("F", bound=Callable[..., Any])
+A = TypeVar("A")
+#: A handler of ``A`` jobs as mypy checks it: ``(job)`` or ``(job, session)``, sync or
+#: async (an async one returns an awaitable, which is an ``object`` too).
+HandlerFunction: TypeAlias = (
+    Callable[[Job[A]], object]
+    | Callable[[Job[A], Session], object]
+    | Callable[[Job[A], AsyncSession], object]
+)
 
 DEFAULT_JOB_TIMEOUT = dt.timedelta(minutes=1)
 
@@ -129,20 +137,22 @@ class Worker:
 
     def handler(
         self,
-        args_class: type,
+        args_class: type[A],
         *,
-        timeout: dt.timedelta | float | Any | None = UNSET,
+        timeout: dt.timedelta | float | None = UNSET,
         retry_policy: RetryPolicy | None = None,
-    ) -> Callable[[F], F]:
+    ) -> Callable[[HandlerFunction[A]], HandlerFunction[A]]:
         """Register the decorated function for jobs of ``args_class``'s kind.
 
         The function takes ``(job)`` or ``(job, session)``; with a ``session`` the worker
         opens a transaction, passes it in, and completes the job in that same transaction
         before committing. ``async def`` handlers run on the worker's event loop (their
-        session is an ``AsyncSession``). The signature is checked here.
+        session is an ``AsyncSession``). The signature is checked here, and so is the
+        job parameter's annotation: ``job: Job[SendEmail]`` for ``SendEmail`` jobs
+        (mypy checks the same statically).
         """
 
-        def register(function: F) -> F:
+        def register(function: HandlerFunction[A]) -> HandlerFunction[A]:
             self.handlers.register(args_class, function, timeout=timeout, retry_policy=retry_policy)
             return function
 

@@ -215,3 +215,38 @@ def test_a_second_handler_for_a_kind_says_handler() -> None:
 def test_a_retry_policy_without_next_delay_is_refused() -> None:
     with pytest.raises(InvalidOptionsError, match="next_delay"):
         sa_jobs.Worker(ENGINE, retry_policy=dt.timedelta(seconds=5))  # type: ignore[arg-type]
+
+
+@sa_jobs.job_args(kind="mistake_annotated_email")
+class Email:
+    to: str
+
+
+@sa_jobs.job_args(kind="mistake_annotated_report")
+class Report:
+    name: str
+
+
+def test_a_handler_annotated_for_another_args_class_is_refused_at_registration() -> None:
+    worker = sa_jobs.Worker(create_engine("postgresql+psycopg://localhost/app"))
+    wrong_annotation = r"annotated Job\[Report\]; annotate it Job\[Email\]"
+    with pytest.raises(InvalidOptionsError, match=wrong_annotation):
+
+        @worker.handler(Email)
+        def wrong(job: sa_jobs.Job[Report]) -> None:
+            pass
+
+    # The right annotation, Job[Any], a bare Job and none at all are all accepted.
+    @worker.handler(Email)
+    def right(job: sa_jobs.Job[Email]) -> None:
+        pass
+
+    for loose in (sa_jobs.Job[Any], sa_jobs.Job, None):
+        other = sa_jobs.Worker(create_engine("postgresql+psycopg://localhost/app"))
+
+        def handler(job):  # type: ignore[no-untyped-def]
+            pass
+
+        if loose is not None:
+            handler.__annotations__["job"] = loose
+        other.handler(Email)(handler)
