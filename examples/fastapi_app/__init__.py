@@ -1,0 +1,1 @@
+"""A FastAPI app on asyncpg that enqueues jobs in its own transactions (see README.md)."""

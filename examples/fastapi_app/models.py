@@ -1,0 +1,34 @@
+"""The app's table, its job args, and its engine."""
+
+from __future__ import annotations
+
+import os
+
+from sqlalchemy import String
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+import sa_jobs
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Signup(Base):
+    __tablename__ = "signups"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    email: Mapped[str] = mapped_column(String(200), unique=True)
+    welcomed: Mapped[bool] = mapped_column(default=False)
+
+
+@sa_jobs.job_args(kind="fastapi_send_welcome_email", queue="mail", max_attempts=5)
+class SendWelcomeEmail:
+    signup_id: int
+
+
+def engine_from_env() -> AsyncEngine:
+    """``DATABASE_URL`` as an asyncpg engine (``postgresql://`` works too)."""
+    url = os.environ["DATABASE_URL"].replace("postgresql://", "postgresql+asyncpg://", 1)
+    return create_async_engine(url)
