@@ -16,7 +16,7 @@ from sa_jobs.errors import SaJobsError
 from sa_jobs.insert import InsertManyParams, InsertResult, insert, insert_job, insert_many
 from sa_jobs.job_key import RemoveOutcome, remove_job
 from sa_jobs.models import Job, metadata
-from sa_jobs.options import InsertOpts, JobKeyMode, SequenceOpts, UniqueOpts
+from sa_jobs.options import InsertOptions, InsertOpts, JobKeyMode, SequenceOpts, UniqueOpts
 from sa_jobs.schema import downgrade, migrate
 from sa_jobs.states import InsertAction, JobState
 from sa_jobs.worker import ExponentialRetry, MaintenanceConfig, Retention, RetryPolicy, Worker
@@ -26,6 +26,7 @@ __all__ = [
     "ExponentialRetry",
     "InsertAction",
     "InsertManyParams",
+    "InsertOptions",
     "InsertOpts",
     "InsertResult",
     "Job",
