@@ -28,6 +28,7 @@ from sa_jobs.errors import InvalidJobArgsError
 from sa_jobs.jsonvalue import dumps
 from sa_jobs.testing import aware_datetimes, storable_text
 from tests.args_compare import comparable
+from tests.doc_recipes import load_recipe
 from tests.unit import future_annotated_dataclasses
 
 REGISTRY = sa_jobs.KindRegistry()
@@ -362,3 +363,17 @@ def test_any_storable_nested_dataclass_args_come_back_equal(customer: Customer) 
     # Wall time and offset, not ==: a zone's fold time compares unequal to its offset,
     # and comparable() checks every nested value's type too.
     assert comparable(roundtrip(customer)) == comparable(customer)
+
+
+def test_the_classes_in_the_docs_declare_and_round_trip_as_the_docs_say() -> None:
+    docs = load_recipe("job-args.md", "Classes you already have")
+
+    assert attrs.has(docs.Welcome) and attrs.has(docs.Resize)
+    assert dataclasses.is_dataclass(docs.SendInvoice) and not attrs.has(docs.SendInvoice)
+    invoice = docs.SendInvoice(1, dt.date(2024, 1, 31), [docs.InvoiceLine("tea", 350)])
+    assert roundtrip(invoice) == invoice
+    draft = docs.EditDraft(1)
+    draft.body = "edited"
+    assert roundtrip(draft) == docs.EditDraft(1, "edited")
+    assert kind_of(docs.Welcome(1)).name == "welcome"
+
