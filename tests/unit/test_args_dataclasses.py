@@ -376,4 +376,3 @@ def test_the_classes_in_the_docs_declare_and_round_trip_as_the_docs_say() -> Non
     draft.body = "edited"
     assert roundtrip(draft) == docs.EditDraft(1, "edited")
     assert kind_of(docs.Welcome(1)).name == "welcome"
-
