@@ -1,12 +1,16 @@
 """Declarative job args: the ``@job_args`` decorator, ``field``, kinds and their registry.
 
-A job args class is an ordinary attrs class that carries its *kind* (the string stored
-in every job row) and per-kind insert defaults::
+A job args class is an ordinary attrs class or dataclass that carries its *kind* (the
+string stored in every job row) and per-kind insert defaults::
 
     @sa_jobs.job_args(kind="send_email", queue="mail", max_attempts=5)
     class SendEmail:
         to: str
         template: str = "welcome"
+
+A plain class is made an attrs class; an attrs class or a ``@dataclass`` is kept as it is
+(only the kind is attached to it), so its own semantics — ``eq``, ``frozen``, ``slots`` —
+stay those its author chose.
 
 Values are converted to and from JSON by an :class:`~sa_jobs.convert.ArgsConverter`
 (cattrs underneath; see :mod:`sa_jobs.convert`); a kind can be given its own. A class
@@ -15,6 +19,7 @@ whose fields could be written but not read back is refused here, when it is decl
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -181,13 +186,14 @@ def job_args(
     sequence: SequenceOpts | None = None,
     converter: ArgsConverter | None = None,
     registry: KindRegistry | None = None,
-    frozen: bool = True,
+    frozen: bool | None = None,
     list_payload: bool = False,
 ) -> Callable[[type[T]], type[T]]:
     """Declare a job args class.
 
-    The decorated class becomes an attrs class (frozen by default) registered under
-    ``kind``. Per-kind defaults are validated now, so a bad declaration fails at import.
+    A plain class becomes an attrs class (frozen by default); an attrs class or a
+    ``@dataclass`` is kept as it is. Either way it is registered under ``kind``. Per-kind
+    defaults are validated now, so a bad declaration fails at import.
 
     Args:
         kind: The stable name stored in job rows (1-128 characters).
@@ -201,7 +207,10 @@ def job_args(
             time per sequence key, in order.
         converter: Converter for this kind's args; the shared default if omitted.
         registry: Registry to record the kind in; the default registry if omitted.
-        frozen: Make instances immutable (recommended: args are values).
+        frozen: Make instances of a plain class immutable (the default; args are
+            values). An attrs class or a dataclass is frozen or not by its own decorator;
+            for a mutable one pass ``frozen=False`` too, so type checkers (which read it
+            here) know, and a value that disagrees with the class is refused.
         list_payload: The class has exactly one field, a list, and the stored payload is
             that list (a JSON array) rather than an object: adding a job with the key of
             a job whose payload is also an array concatenates the two.
@@ -219,35 +228,114 @@ def job_args(
     validate_kind_defaults(defaults)
 
     def decorate(cls: type[T]) -> type[T]:
-        attrs_cls: type[T] = (
-            cls if "__attrs_attrs__" in cls.__dict__ else attrs.define(cls, frozen=frozen)
-        )
+        args_cls = _args_class(cls, frozen)
         kind_converter = converter or default_converter
         # Refuse now a class whose args could be stored but never read back.
-        kind_converter.check_class(attrs_cls, unresolved_ok=True)
+        kind_converter.check_class(args_cls, unresolved_ok=True)
         job_kind = JobKind(
             name=kind,
-            args_class=attrs_cls,
+            args_class=args_cls,
             defaults=defaults,
             converter=kind_converter,
-            list_field=_list_field(attrs_cls) if list_payload else None,
+            list_field=_list_field(args_cls) if list_payload else None,
         )
         (registry or default_registry).register(job_kind)
-        # type.__setattr__ works on frozen attrs classes too.
-        type.__setattr__(attrs_cls, "__sa_jobs_kind__", job_kind)
-        return attrs_cls
+        # A class attribute, set past any __setattr__: frozen classes accept it, slotted
+        # ones too (slots restrict instances, not the class), and dataclass eq, hash and
+        # repr only look at fields.
+        type.__setattr__(args_cls, "__sa_jobs_kind__", job_kind)
+        return args_cls
 
     return decorate
 
 
+# What attrs.field() returns: in a dataclass it would silently become a default value.
+_ATTRS_FIELD_TYPE = type(attrs.field())
+
+
+def _args_class(cls: type[T], frozen: bool | None) -> type[T]:
+    """``cls`` as a job args class: attrs classes and dataclasses as they are, else attrs."""
+    name = cls.__qualname__
+    if _is_pydantic_model(cls):
+        raise InvalidJobArgsError(
+            f"{name} is a pydantic model, and job args are a plain class, an attrs class or "
+            f"a dataclass: declare one with a field of type {name} and give the kind a "
+            "converter with pydantic hooks (see 'Pydantic models' in docs/job-args.md)"
+        )
+    own_attrs = "__attrs_attrs__" in cls.__dict__
+    own_dataclass = "__dataclass_fields__" in cls.__dict__
+    if (own_attrs or own_dataclass) and frozen is not None:
+        # Type checkers read frozen= from job_args (frozen unless told otherwise), so a
+        # mutable class says frozen=False here too; it must agree with the class.
+        actual = _declared_frozen(cls)
+        if actual is not None and actual != frozen:
+            what = "an attrs class" if own_attrs else "a dataclass"
+            state = "frozen" if actual else "not frozen"
+            raise InvalidJobArgsError(
+                f"job_args(frozen={frozen}) disagrees with {name}, which is already {what} "
+                f"and {state}; job_args cannot change that, so make the two agree (or drop "
+                "frozen= here)"
+            )
+    if own_attrs:
+        return cls
+    if own_dataclass:
+        _check_dataclass_fields(cls)
+        return cls
+    if dataclasses.is_dataclass(cls):
+        raise InvalidJobArgsError(
+            f"{name} inherits from a dataclass but is not one itself, so its own annotations "
+            "are not fields; decorate it with @dataclass too (below @job_args)"
+        )
+    return attrs.define(cls, frozen=True if frozen is None else frozen)
+
+
+def _declared_frozen(cls: type) -> bool | None:
+    """Whether an attrs class or a dataclass is frozen; None when attrs cannot say."""
+    params = cls.__dict__.get("__dataclass_params__")
+    if params is not None:
+        return bool(params.frozen)
+    inspect = getattr(attrs, "inspect", None)  # attrs 25.4+
+    return bool(inspect(cls).is_frozen) if inspect is not None else None
+
+
+def _check_dataclass_fields(cls: type) -> None:
+    # Unique and sequence keys read their field marks from attrs fields only, so a mark
+    # on a dataclass field would be silently ignored: refuse it instead.
+    for item in dataclasses.fields(cls):
+        if isinstance(item.default, _ATTRS_FIELD_TYPE):
+            what = "is a sa_jobs.field() (an attrs field), which would become its default"
+        elif item.metadata.get(FIELD_METADATA_KEY):
+            what = f"carries sa_jobs' {FIELD_METADATA_KEY!r} field metadata"
+        else:
+            continue
+        raise InvalidJobArgsError(
+            f"{cls.__qualname__}.{item.name} {what}; marking fields unique= or sequence= "
+            "needs an attrs class: drop @dataclass and let job_args make one (a dataclass's "
+            "unique and sequence keys use all its args), or use dataclasses.field() for a "
+            "plain default"
+        )
+
+
+def _is_pydantic_model(cls: type) -> bool:
+    # Duck-typed so sa_jobs does not import pydantic: every pydantic 2 model has these.
+    return all(hasattr(cls, name) for name in ("model_fields", "model_validate", "model_dump"))
+
+
 def _list_field(cls: type) -> str:
-    fields = attrs.fields(cls)
-    if len(fields) != 1:
+    names = _field_names(cls)
+    if len(names) != 1:
         raise InvalidJobArgsError(
             f"{cls.__qualname__} declares list_payload=True, so it must have exactly one "
-            f"field (the list); it has {len(fields)}"
+            f"field (the list); it has {len(names)}"
         )
-    return str(fields[0].name)
+    return names[0]
+
+
+def _field_names(cls: type) -> list[str]:
+    """The field names of an attrs class or a dataclass, in declaration order."""
+    if attrs.has(cls):
+        return [item.name for item in attrs.fields(cls)]
+    return [item.name for item in dataclasses.fields(cls)]
 
 
 def check_kind_name(kind: object) -> None:

@@ -10,21 +10,26 @@ so the converter refuses, before anything is written, what could not come back:
 * **field types it could write but not read back**, checked once per args class (when
   it is declared, or on first use when its annotations are forward references):
   ``object``, unions whose members look alike in JSON (``str | datetime``,
-  ``list[int] | list[str]``, two attrs classes nothing tells apart), dicts with
-  non-string keys, and types the converter has no hook for.
+  ``list[int] | list[str]``, two attrs classes or dataclasses nothing tells apart),
+  dicts with non-string keys, and types the converter has no hook for.
 
 Unions of plain JSON values (``int | str``, ``float | int``, ``list[int] | str``) do
-round-trip: the value's JSON type picks the member. (One caveat, from ``jsonb`` itself:
+round-trip: the value's JSON type picks the member. A type known only through a hook of
+the user's (a pydantic model, say) has no JSON shape sa_jobs can see, so it may share a
+union with ``None`` and nothing else. (One caveat, from ``jsonb`` itself:
 it stores numbers as ``numeric``, so in a ``float | int`` field a float in exponent form
 such as ``1e20`` comes back as the int ``100000000000000000000``.)
 
 The default converter knows time-zone-aware datetimes, dates, UUIDs, Decimals, enums,
-nested attrs classes and lists/dicts of these; a kind can be given its own.
+nested attrs classes and dataclasses, and lists/dicts of these; a kind can be given its
+own (:class:`ArgsConverter` wraps a cattrs converter, reachable as ``.cattrs`` to
+register hooks on).
 """
 
 from __future__ import annotations
 
 import collections.abc as cabc
+import dataclasses
 import datetime as dt
 import enum
 import threading
@@ -224,9 +229,28 @@ def _shape(tp: Any) -> _Shape | None:
         return _Shape.STRING
     if issubclass(origin, _ARRAY_ORIGINS):
         return _Shape.ARRAY
-    if issubclass(origin, _OBJECT_ORIGINS) or attrs.has(origin):
+    if issubclass(origin, _OBJECT_ORIGINS) or _is_record(origin):
         return _Shape.OBJECT
     return None
+
+
+def _is_record(tp: Any) -> bool:
+    """An attrs class or a dataclass: a JSON object of its fields, which cattrs knows."""
+    return isinstance(tp, type) and (attrs.has(tp) or dataclasses.is_dataclass(tp))
+
+
+def _record_field_types(tp: type) -> list[tuple[str, Any]]:
+    """Each field's name and resolved type (string annotations evaluated)."""
+    try:
+        if attrs.has(tp):
+            attrs.resolve_types(tp)
+            return [(item.name, item.type) for item in attrs.fields(tp)]
+        hints = typing.get_type_hints(tp)
+    except NameError as exc:
+        raise _Unresolved(
+            f"cannot resolve the type annotations of {tp.__qualname__}: {exc}"
+        ) from exc
+    return [(item.name, hints.get(item.name, Any)) for item in dataclasses.fields(tp)]
 
 
 class _Unresolved(Exception):
@@ -239,18 +263,12 @@ def _undecodable(converter: cattrs.Converter, tp: Any, where: str, seen: set[Any
         return None
     if tp is object:
         return f"{where} is annotated `object`; use typing.Any for free-form JSON"
-    if isinstance(tp, type) and attrs.has(tp):
+    if _is_record(tp):
         if tp in seen:
             return None
         seen.add(tp)
-        try:
-            attrs.resolve_types(tp)
-        except NameError as exc:
-            raise _Unresolved(
-                f"cannot resolve the type annotations of {tp.__qualname__}: {exc}"
-            ) from exc
-        for field in attrs.fields(tp):
-            problem = _undecodable(converter, field.type, f"{where}.{field.name}", seen)
+        for name, field_type in _record_field_types(tp):
+            problem = _undecodable(converter, field_type, f"{where}.{name}", seen)
             if problem is not None:
                 return problem
         return None
@@ -281,8 +299,10 @@ def _undecodable(converter: cattrs.Converter, tp: Any, where: str, seen: set[Any
         converter.get_structure_hook(tp)
     except StructureHandlerNotFoundError:
         return (
-            f"{where} is a {_name(tp)}, which the converter cannot read back; register a "
-            "structure hook for it (ArgsConverter(converter).cattrs.register_structure_hook)"
+            f"{where} is a {_name(tp)}, which the converter cannot read back; give the kind "
+            "a converter with hooks for it (conv = sa_jobs.ArgsConverter(); "
+            "conv.cattrs.register_structure_hook(...) and register_unstructure_hook(...); "
+            "@job_args(..., converter=conv)), as docs/job-args.md shows for pydantic models"
         )
     return None
 
@@ -297,12 +317,16 @@ def _undecodable_union(
     by_shape: dict[_Shape | None, list[Any]] = {}
     for member in members:
         by_shape.setdefault(_shape(member), []).append(member)
-    attrs_classes = [m for m in by_shape.get(_Shape.OBJECT, []) if attrs.has(m)]
+    records = [m for m in by_shape.get(_Shape.OBJECT, []) if _is_record(m)]
     for shape, alike in by_shape.items():
         if shape is _Shape.NUMBER and all(m in (int, float) for m in alike):
             continue  # an int and a float stay apart in JSON
-        if shape is _Shape.OBJECT and len(alike) == len(attrs_classes):
-            continue  # attrs classes: cattrs tells them apart by their fields (below)
+        if shape is _Shape.OBJECT and len(alike) == len(records):
+            continue  # attrs classes, dataclasses: cattrs tells them apart by their fields
+        if shape is None and len(alike) == 1 and set(by_shape) == {None, _Shape.NULL}:
+            # A hook-only type (a pydantic model) or None: cattrs checks for None first,
+            # and the hook reads back everything else.
+            continue
         if len(alike) > 1 or (shape is _Shape.ANYTHING and len(members) > 1) or shape is None:
             described = shape.value if shape is not None else "an unknown JSON shape"
             names = " and ".join(_name(m) for m in alike)
@@ -313,7 +337,7 @@ def _undecodable_union(
     try:
         converter.get_structure_hook(tp)
     except (StructureHandlerNotFoundError, TypeError, ValueError) as exc:
-        # cattrs raises TypeError for attrs classes it cannot tell apart by their fields.
+        # cattrs raises TypeError for classes it cannot tell apart by their fields.
         return f"{where} is the union {_name(tp)}, which the converter cannot read back ({exc})"
     return None
 

