@@ -126,6 +126,7 @@ class App:
     home: Path
     url: URL
     engine: Engine
+    hooks: bool
 
     @property
     def versions(self) -> Path:
@@ -176,7 +177,7 @@ def make_app(home: Path, url: URL, engine: Engine, *, hooks: bool, versions: str
     (home / "env.py").write_text(ENV_PY.format(hooks=HOOKS if hooks else ""))
     shutil.copy(REPO / "alembic" / "script.py.mako", home / "script.py.mako")
     (home / "versions" / "app_0001_invoice.py").write_text(APP_REVISION)
-    return App(home, url, engine)
+    return App(home, url, engine, hooks)
 
 
 @pytest.fixture
@@ -205,6 +206,12 @@ def sa_jobs_heads(script: ScriptDirectory) -> set[str]:
     return {
         head for head in script.get_heads() if head not in alembic_env.application_heads(script)
     }
+
+
+def branch_head(app: App, label: str) -> str:
+    (head,) = app.script().get_revisions(f"{label}@head")
+    assert head is not None
+    return head.revision
 
 
 def revision_file(path: Path) -> tuple[object, list[str]]:
@@ -261,10 +268,10 @@ def test_downgrading_the_app_one_step_leaves_sa_jobs_installed(app: App) -> None
     app.alembic("upgrade", "heads")
     app.alembic("revision", "--head", "myapp@head", "-m", "second")
     app.alembic("upgrade", "heads")
-    (second,) = app.script().get_revisions("myapp@head")
-    assert second is not None
+    second = branch_head(app, "myapp")
+    assert second != "app_0001"
     sa_jobs = sa_jobs_heads(app.script())
-    assert app.current() == {second.revision, *sa_jobs}
+    assert app.current() == {second, *sa_jobs}
 
     app.alembic("downgrade", "myapp@-1")
     assert app.current() == {"app_0001", *sa_jobs}
@@ -314,15 +321,14 @@ def test_with_the_hooks_plain_revision_commands_land_on_the_app_branch(hooked_ap
     assert alembic_env.application_heads(app.script()) == [by_hand.name.split("_", 1)[0]]
 
 
-def test_with_the_hooks_the_first_app_revision_needs_no_head_or_version_path(
-    tmp_path: Path, blank: tuple[URL, Engine]
-) -> None:
-    # An app that adopts Alembic together with sa_jobs: no revision of its own yet.
-    app = make_app(tmp_path / "app", *blank, hooks=True, versions="sa_jobs:migrations/versions")
+def test_the_first_revision_of_an_app_that_adopts_alembic_with_sa_jobs(app: App) -> None:
+    # No revision of the app's own yet. With the hooks the plain command is based on
+    # base and written to the app's versions/; without, the docs' flags say so.
     (app.versions / "app_0001_invoice.py").unlink()
     app.alembic("upgrade", "heads")
+    flags = [] if app.hooks else ["--head", "base", "--version-path", "versions"]
 
-    app.alembic("revision", "--autogenerate", "--branch-label", "myapp", "-m", "invoices")
+    app.alembic("revision", "--autogenerate", "--branch-label", "myapp", *flags, "-m", "invoices")
 
     (first,) = app.new_revisions(set())
     down, statements = revision_file(first)
@@ -330,8 +336,38 @@ def test_with_the_hooks_the_first_app_revision_needs_no_head_or_version_path(
     # Only the app's table: sa_jobs' tables, already installed, are left alone.
     assert any("op.create_table('app_invoice'" in statement for statement in statements)
     assert not any("sa_job" in statement for statement in statements)
+    assert app.script().get_revisions("myapp@head")[0] is not None
     app.alembic("upgrade", "heads")
     assert "app_invoice" in app.tables()
+
+
+def test_current_and_history_name_the_app_branch_apart_from_sa_jobs(app: App) -> None:
+    app.alembic("upgrade", "heads")
+
+    current = app.alembic("current")
+    history = app.alembic("history", "-r", "myapp@base:myapp@head")
+
+    for head in ("app_0001", *sa_jobs_heads(app.script())):
+        assert f"\n{head} (head)" in current
+    assert "app_0001 (myapp) (head)" in history
+    assert "sajobs_" not in history
+
+
+def test_branches_can_be_installed_and_removed_one_by_one(app: App) -> None:
+    app.alembic("upgrade", "myapp@head")
+    assert app.current() == {"app_0001"}
+    assert "sa_job" not in app.tables()
+
+    app.alembic("upgrade", "sa_jobs_core@head")
+    app.alembic("upgrade", "sa_jobs_unique@head")
+    core, unique = branch_head(app, "sa_jobs_core"), branch_head(app, "sa_jobs_unique")
+    assert app.current() == {"app_0001", core, unique}
+    assert "unique_key" in app.job_columns()
+    assert not {"sequence_key", "job_key"} & app.job_columns()
+
+    app.alembic("downgrade", "sa_jobs_unique@base")
+    assert app.current() == {"app_0001", core}
+    assert "unique_key" not in app.job_columns()
 
 
 def test_with_the_hooks_a_bare_downgrade_minus_one_is_refused_and_changes_nothing(
