@@ -103,21 +103,24 @@ def on_version_apply(
     heads: Collection[object],
     run_args: Mapping[str, object],
 ) -> None:
-    """Refuse ``alembic downgrade -N`` when the script directory has several heads.
+    """Refuse ``alembic downgrade -N`` when the database has several heads.
 
     Alembic resolves a bare relative downgrade against one head of its own choosing (and
-    only warns that it will stop doing so); with sa_jobs' branches present that may be an
-    sa_jobs branch, dropping a column or an index the application relies on. Raising here,
-    at the first step and inside the migration transaction, undoes that step: on
-    PostgreSQL nothing is changed. ``<branch>@-N`` is never refused.
+    only warns that it will stop doing so); with sa_jobs' branches installed that may be
+    an sa_jobs branch, dropping a column or an index the application relies on. Raising
+    here, at the first step and inside the migration transaction, undoes that step: on
+    PostgreSQL nothing is changed. ``<branch>@-N`` is never refused, nor ``-N`` from a
+    single installed head (an app that has not installed sa_jobs yet).
     """
     destination = ctx.opts.get("destination_rev")
     if step.is_upgrade or not step.is_migration:
         return
     if not isinstance(destination, str) or not _BARE_RELATIVE.fullmatch(destination):
         return
+    # `heads` is after this step: put back what it removed, take away what it exposed.
+    before = (set(heads) | set(step.up_revision_ids)) - set(step.down_revision_ids)
     script = ctx.script
-    if script is None or len(script.get_heads()) < 2:
+    if script is None or len(before) < 2:
         return
     chosen = ", ".join(
         f"{revision} ({_sa_jobs_branch(script, revision) or 'yours'})"

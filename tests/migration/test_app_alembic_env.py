@@ -388,6 +388,21 @@ def test_with_the_hooks_a_bare_downgrade_minus_one_is_refused_and_changes_nothin
     assert "app_invoice" in app.tables()
 
 
+def test_with_the_hooks_downgrade_minus_one_from_a_single_installed_head_still_works(
+    hooked_app: App,
+) -> None:
+    # Only the app's branch is installed: -1 is not ambiguous, and Alembic's meaning stands.
+    app = hooked_app
+    app.alembic("revision", "-m", "second")
+    app.alembic("upgrade", "myapp@head")
+    second = branch_head(app, "myapp")
+    assert app.current() == {second}
+
+    app.alembic("downgrade", "-1")
+
+    assert app.current() == {"app_0001"}
+
+
 def test_the_revision_hook_leaves_an_explicit_head_and_an_ambiguous_app_alone(
     tmp_path: Path, blank: tuple[URL, Engine]
 ) -> None:
