@@ -346,6 +346,7 @@ import sqlalchemy as sa
 from alembic import context
 
 import sa_jobs
+from sa_jobs import alembic_env
 
 app_metadata = sa.MetaData()
 sa.Table(
@@ -358,7 +359,12 @@ target_metadata = [app_metadata, sa_jobs.metadata]
 
 engine = sa.create_engine(context.get_x_argument(as_dictionary=True)["url"])
 with engine.connect() as connection:
-    context.configure(connection=connection, target_metadata=target_metadata)
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        process_revision_directives=alembic_env.process_revision_directives,
+        on_version_apply=alembic_env.on_version_apply,
+    )
     with context.begin_transaction():
         context.run_migrations()
     connection.commit()
@@ -408,6 +414,7 @@ def test_an_app_alembic_env_runs_the_migrations_shipped_in_the_wheel(
     (app / "versions").mkdir(parents=True)
     (app / "alembic.ini").write_text(APP_ALEMBIC_INI)
     (app / "env.py").write_text(APP_ENV_PY)
+    shutil.copy(REPO / "alembic" / "script.py.mako", app / "script.py.mako")
     (app / "versions" / "app_0001_invoice.py").write_text(APP_REVISION)
     alembic: list[str | Path] = [venv / "bin" / "alembic", "-x", f"url={url_text(blank_url)}"]
 
@@ -427,6 +434,11 @@ def test_an_app_alembic_env_runs_the_migrations_shipped_in_the_wheel(
         expected = schema_snapshot(reference)
     assert schema_snapshot(blank_engine, ignore=(*VERSION_TABLES, "app_invoice")) == expected
     run([*alembic, "check"], cwd=app, env=env)
+    # The env.py hooks ship in the wheel too: a plain `revision` lands on the app's branch.
+    run([*alembic, "revision", "--autogenerate", "-m", "nothing new"], cwd=app, env=env)
+    (generated,) = set((app / "versions").glob("*.py")) - {app / "versions" / "app_0001_invoice.py"}
+    assert "Revises: app_0001\n" in generated.read_text()
+    run([*alembic, "upgrade", "heads"], cwd=app, env=env)
     # sa-jobs migrate must not try to install the schema a second time.
     refused = subprocess.run(
         [venv / "bin" / "sa-jobs", "migrate", "--url", url_text(blank_url)],
