@@ -179,6 +179,8 @@ def run_jobs(
         )
     if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
         raise TypeError(f"max_runs must be a positive int, got {max_runs!r}")
+    if isinstance(queues, str):
+        raise TypeError(f"queues must be queue names, e.g. queues=[{queues!r}], got {queues!r}")
     runner = _Runner(worker, list(worker.queues if queues is None else queues), max_runs)
     if isinstance(session, AsyncSession):
         return runner.run_async(session, scheduled)
