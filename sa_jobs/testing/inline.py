@@ -103,16 +103,14 @@ class RunSummary:
         return {name: count for name, count in counts.items() if count}
 
 
-#: The state a finished run leaves its job in -> the RunSummary count it adds to.
+#: The state a finished run leaves its job in -> the RunSummary count it adds to. (A
+#: failure retried after 0 s is ``retryable`` here; the next round promotes it.)
 _COUNTED = {
     JobState.COMPLETED: "completed",
     JobState.RETRYABLE: "retryable",
     JobState.DISCARDED: "discarded",
     JobState.CANCELLED: "cancelled",
     JobState.SCHEDULED: "snoozed",
-    # A failure retried after 0 s is promoted straight away by the next round; it was
-    # still a failed attempt with attempts left.
-    JobState.AVAILABLE: "retryable",
 }
 
 
@@ -319,11 +317,16 @@ class _Runner:
             state = JobState.COMPLETED
         else:
             changed = finish_in(session.connection(), [outcome])
+            if not changed:
+                # The run was no longer current: the handler moved its own job (through
+                # the test's session, say). Count the state the row is in.
+                session.expire(job)
             state = changed[0][1] if changed else JobState(job.state)
             error = (outcome.error or {}).get("error")
             if error is not None:
                 self.errors.append(f"job {job.id} ({job.kind}) attempt {job.attempt}: {error}")
-        self.counts[_COUNTED.get(state, "retryable")] += 1
+        if state in _COUNTED:
+            self.counts[_COUNTED[state]] += 1
         # The row moved on under the ORM object: reload it on next access.
         session.expire(job)
 
