@@ -19,7 +19,7 @@ from sqlalchemy.pool import NullPool
 from sa_jobs.devdb import Server, find_server, normalize_url, throwaway_database
 from sa_jobs.schema import migrate
 
-__all__ = ["migrated_database", "server_at"]
+__all__ = ["migrated_database", "migrated_database_on", "server_at"]
 
 
 def server_at(url: str | URL | None) -> Server:
@@ -45,12 +45,21 @@ def migrated_database(
     """
     server = server_at(url)
     try:
-        with throwaway_database(server, prefix) as database:
-            engine = create_engine(database, poolclass=NullPool)
-            try:
-                migrate(engine, target)
-            finally:
-                engine.dispose()
+        with migrated_database_on(server, target=target, prefix=prefix) as database:
             yield database
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def migrated_database_on(
+    server: Server, *, target: str = "heads", prefix: str = "sa_jobs_test"
+) -> Iterator[URL]:
+    """:func:`migrated_database` on a server the caller found (and stops)."""
+    with throwaway_database(server, prefix) as database:
+        engine = create_engine(database, poolclass=NullPool)
+        try:
+            migrate(engine, target)
+        finally:
+            engine.dispose()
+        yield database

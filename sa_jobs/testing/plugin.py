@@ -34,7 +34,7 @@ from sa_jobs.testing.asserts import (
     assert_not_enqueued,
     enqueued_jobs,
 )
-from sa_jobs.testing.database import migrated_database
+from sa_jobs.testing.database import migrated_database_on, server_at
 from sa_jobs.testing.inline import DEFAULT_MAX_RUNS, RunSummary, run_jobs
 from sa_jobs.worker import Worker
 
@@ -69,11 +69,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+_USED_DATABASE = pytest.StashKey[str]()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    used = config.stash.get(_USED_DATABASE, None)
+    if used is not None:
+        terminalreporter.write_line(f"sa_jobs: tests used the throwaway database {used}")
+
+
 @pytest.fixture(scope="session")
 def sa_jobs_database_url(request: pytest.FixtureRequest) -> Iterator[URL]:
     """A throwaway database migrated to every sa_jobs branch; dropped after the run."""
-    with migrated_database(request.config.getoption(URL_OPTION)) as url:
-        yield url
+    server = server_at(request.config.getoption(URL_OPTION))
+    try:
+        with migrated_database_on(server) as url:
+            # Said in the summary: which server a run touched, and the database's name.
+            request.config.stash[_USED_DATABASE] = f"{url.database} on {server.source}"
+            yield url
+    finally:
+        server.stop()
 
 
 @pytest.fixture(scope="session")

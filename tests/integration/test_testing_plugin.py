@@ -91,6 +91,7 @@ from sqlalchemy import func, select
 
 import sa_jobs
 from sa_jobs import Job
+from conftest import SEEN
 
 
 @sa_jobs.job_args(kind="plugin_probe")
@@ -108,18 +109,44 @@ def test_a_commits(sa_jobs_session, sa_jobs_database_url):
 def test_b_sees_nothing_of_it(sa_jobs_session, sa_jobs_tester):
     assert sa_jobs_session.scalar(select(func.count()).select_from(Job)) == 0
     sa_jobs_tester.assert_not_enqueued(Probe)  # assertions need no worker
+
+
+def test_c_runs_jobs_with_the_worker_of_the_conftest_fixture(sa_jobs_session, sa_jobs_tester):
+    sa_jobs.insert(sa_jobs_session, Probe(3))
+    assert sa_jobs_tester.run_jobs().as_dict() == {"completed": 1}
+    assert SEEN == [3]
+"""
+
+CONFTEST_WORKER = """
+import pytest
+from sqlalchemy import create_engine
+
+import sa_jobs
+
+SEEN = []
+
+
+@pytest.fixture
+def sa_jobs_worker():
+    from test_rollback import Probe
+
+    worker = sa_jobs.Worker(create_engine("postgresql+psycopg:///never_used"))
+    worker.handler(Probe)(lambda job: SEEN.append(job.args.n))
+    return worker
 """
 
 
-def test_each_test_is_rolled_back_and_the_database_dropped_at_the_end(
+def test_each_test_is_rolled_back_a_conftest_worker_is_used_and_the_database_dropped(
     tmp_path: Path, pg_server: Server
 ) -> None:
     (tmp_path / "test_rollback.py").write_text(TEST_ROLLBACK)
+    (tmp_path / "conftest.py").write_text(CONFTEST_WORKER)
 
     result = run_pytest(tmp_path, pg_server)
 
-    assert re.search(r"\b2 passed\b", summary_line(result)), result.stdout + result.stderr
+    assert re.search(r"\b3 passed\b", summary_line(result)), result.stdout + result.stderr
     database = (tmp_path / "database.txt").read_text()
+    assert f"sa_jobs: tests used the throwaway database {database} on " in result.stdout
     assert database.startswith("sa_jobs_test_")
     admin = create_engine(pg_server.url, poolclass=NullPool)
     try:
