@@ -255,7 +255,9 @@ class _Runner:
                     handler.function(job)
                     outcome = execution.outcome_for_return()
             except Exception as exc:  # the handler's failure is data, as in the worker
-                outcome = execution.outcome_for_exception(exc)
+                # In run_sync: a savepoint's rollback may have expired the job, and only
+                # there may an expired attribute be loaded.
+                outcome = await session.run_sync(_failure, execution, exc)
             await session.run_sync(self.record, job, outcome)
         return self.summary()
 
@@ -359,6 +361,10 @@ def _needs_async_session(handler: Handler) -> str:
 
 def _not_settled(_execution: Execution, _outcome: Outcome | None, _by_runner: bool) -> None:
     """run_jobs writes outcomes itself; nothing settles an execution behind its back."""
+
+
+def _failure(_session: Session, execution: Execution, exc: Exception) -> Outcome:
+    return execution.outcome_for_exception(exc)
 
 
 def _run_in_savepoint(session: Session, handler: Handler, job: Job) -> None:
