@@ -327,3 +327,29 @@ def test_bad_arguments_say_what_is_expected(engine: Engine, session: Session) ->
         run_jobs(session, worker, max_runs=0)
     with pytest.raises(TypeError, match="queues must be queue names"):
         run_jobs(session, worker, queues="default")  # a str is an iterable of names
+
+
+def test_an_async_handler_that_changes_its_job_and_fails_is_recorded(
+    engine: Engine, database_url: URL
+) -> None:
+    # The savepoint's rollback expires what the handler changed, the job included; the
+    # failure's outcome must still be built (it reads the job) without a MissingGreenlet.
+    worker = make_worker(engine)
+
+    @worker.handler(Greet)
+    async def greet(job: Job, session: AsyncSession) -> None:
+        job.tags = ["touched"]
+        await session.flush()
+        raise ValueError("changed my job, then failed")
+
+    async def scenario() -> None:
+        async with rolled_back_async_session(database_url) as session:
+            session.add(sa_jobs.enqueue(Greet("x")))
+
+            summary = await run_jobs(session, worker)
+
+            assert summary == RunSummary(retryable=1)
+            job = await assert_enqueued(session, Greet, state="retryable")
+            assert job.tags == []  # rolled back with the savepoint
+
+    asyncio.run(scenario())
