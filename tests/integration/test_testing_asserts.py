@@ -8,6 +8,7 @@ import datetime as dt
 import enum
 import re
 from collections.abc import Iterator
+from unittest.mock import ANY
 
 import pytest
 from sqlalchemy import Engine
@@ -55,6 +56,7 @@ def test_sees_a_job_the_test_added_without_flushing_or_committing(session: Sessi
     assert_enqueued(session, "test_asserts.invoice", account_id=7)
     assert_enqueued(session, Invoice(7, Plan.PRO, dt.date(2030, 1, 31)))  # args as a whole
     assert_enqueued(session, queue="default")  # any kind
+    assert_enqueued(session, Invoice, account_id=ANY, plan=Plan.PRO)
     assert_not_enqueued(session, Ping)
     assert_not_enqueued(session, Invoice, account_id=8)
 
