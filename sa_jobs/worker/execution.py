@@ -46,7 +46,7 @@ from sa_jobs.models import Job
 from sa_jobs.worker.handlers import Handler
 from sa_jobs.worker.retry import RetryPolicy, retry_delay
 
-__all__ = ["Execution", "Interrupt", "run_async", "run_sync"]
+__all__ = ["Execution", "Interrupt", "prepare", "run_async", "run_sync"]
 
 log = logging.getLogger("sa_jobs.worker")
 
@@ -248,8 +248,14 @@ class _Superseded(Exception):
     """The run was settled by someone else (a timeout) before it could commit."""
 
 
-def _prepare(execution: Execution) -> Handler:
-    """Decode the args up front so a class that no longer fits fails like any error."""
+def prepare(execution: Execution) -> Handler:
+    """The handler of the run, with the job's args decoded up front, so a class that no
+    longer fits fails like any error. Public for ``sa_jobs.testing.inline``, which runs
+    handlers the same way.
+
+    Raises:
+        NoHandlerError: no handler for the job's kind.
+    """
     handler = execution.handler
     job = execution.job
     if handler is None:
@@ -265,7 +271,7 @@ def run_sync(execution: Execution, engine: Engine) -> None:
         return
     claimed = False
     try:
-        handler = _prepare(execution)
+        handler = prepare(execution)
         if handler.wants_session:
             with Session(engine) as session, session.begin():
                 handler.function(execution.job, session)
@@ -297,7 +303,7 @@ async def run_async(execution: Execution, async_engine: Callable[[], AsyncEngine
     try:
         if not execution.attach_task(task, asyncio.get_running_loop()):
             execution.raise_if_interrupted()
-        handler = _prepare(execution)
+        handler = prepare(execution)
         if handler.wants_session:
             async with AsyncSession(async_engine()) as session, session.begin():
                 await handler.function(execution.job, session)

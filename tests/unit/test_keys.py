@@ -444,12 +444,14 @@ def test_importing_sa_jobs_does_not_import_hypothesis() -> None:
 
 
 def test_sa_jobs_testing_without_hypothesis_says_what_to_install() -> None:
-    # Make "import hypothesis" fail in a child process, then import sa_jobs.testing.
+    # Make "import hypothesis" (and pytest) fail in a child process: the assertions and
+    # run_jobs still import, and only a strategy asks for Hypothesis, saying how to get it.
     script = (
-        "import sys; sys.modules['hypothesis'] = None\n"
+        "import sys; sys.modules['hypothesis'] = None; sys.modules['pytest'] = None\n"
         "import sa_jobs\n"
+        "from sa_jobs.testing import assert_enqueued, run_jobs\n"
         "try:\n"
-        "    import sa_jobs.testing\n"
+        "    from sa_jobs.testing import args_values\n"
         "except ImportError as exc:\n"
         "    print(exc)\n"
     )

@@ -1,0 +1,394 @@
+"""Working due jobs inside a test's own transaction, with the application's real handlers.
+
+:func:`run_jobs` is Oban's ``drain_jobs`` and River's ``rivertest.Worker`` for sa_jobs:
+it fetches due jobs of the worker's queues *through the test's session*, runs each with
+the handler registered on the worker, and writes the outcome exactly as the worker's
+completer would (:func:`sa_jobs.complete.finish_in`), all in the session's transaction.
+A test that rolls back at the end leaves nothing behind, and a job its code enqueued
+without committing is found.
+
+What is the same as a running worker: the fetch statement (attempt and run count go up,
+``unique_until="start"`` keys are released), handler lookup and args decoding, the
+outcome of a return or an exception (:class:`~sa_jobs.worker.execution.Execution`:
+``JobSnooze``, ``JobCancel``, retry policies, discard after ``max_attempts``), the
+finishing statement (sequences move on, job keys are released), and the promotion of
+due scheduled and retryable jobs between runs.
+
+What differs: jobs run one at a time, in fetch order (priority, scheduled time, id)
+across the queues; timeouts are not enforced; a handler that takes a session gets *the
+test's session*, inside a savepoint, so its writes are rolled back with the job's
+completion when it raises (the worker rolls back its own transaction then).
+
+"Due" is decided by the database clock, and ``now()`` is the time the test's
+transaction began: a job inserted in it is due, a failure retried after 0 s is due
+again, a retry after the default backoff is not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, overload
+
+import attrs
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import Session
+
+from sa_jobs.complete import Outcome, complete_in, finish_in
+from sa_jobs.models import Job
+from sa_jobs.schema import Features
+from sa_jobs.states import JobState
+from sa_jobs.worker.execution import Execution, prepare
+from sa_jobs.worker.handlers import Handler
+from sa_jobs.worker.maintenance.scheduler import Scheduler
+from sa_jobs.worker.maintenance.sequence_repair import SequenceRepair
+from sa_jobs.worker.producer import jobs_fetch_available
+from sa_jobs.worker.worker import Worker
+
+__all__ = [
+    "DEFAULT_MAX_RUNS",
+    "InlineUsageError",
+    "MaxRunsExceededError",
+    "RunSummary",
+    "run_jobs",
+]
+
+#: How many runs :func:`run_jobs` makes before deciding it is in a loop.
+DEFAULT_MAX_RUNS = 1000
+
+
+@attrs.frozen
+class RunSummary:
+    """What :func:`run_jobs` did: how many runs ended in each state.
+
+    Compares equal on the counts only, so ``assert run_jobs(...) == RunSummary(completed=2)``
+    reads like Oban's ``%{success: 2}``; the repr also shows the errors of failed runs,
+    which is what a failed assertion needs.
+
+    Attributes:
+        completed: Runs that completed the job.
+        retryable: Runs that failed with attempts left (the job will run again).
+        discarded: Runs that failed with no attempts left (or whose unique key was taken).
+        cancelled: Runs that ended in ``JobCancel`` or a cancel request.
+        snoozed: Runs that raised ``JobSnooze`` (the job is scheduled again).
+        errors: ``"job 12 (send_email) attempt 1: ValueError: ..."`` for every failed run.
+        jobs: The jobs run, in order (objects of the session; expired, so reading an
+            attribute shows the row as it is now).
+    """
+
+    completed: int = 0
+    retryable: int = 0
+    discarded: int = 0
+    cancelled: int = 0
+    snoozed: int = 0
+    errors: tuple[str, ...] = attrs.field(default=(), eq=False)
+    jobs: tuple[Job, ...] = attrs.field(default=(), eq=False, repr=False)
+
+    @property
+    def total(self) -> int:
+        """How many runs were made."""
+        return self.completed + self.retryable + self.discarded + self.cancelled + self.snoozed
+
+    def as_dict(self) -> dict[str, int]:
+        """The counts that are not zero, e.g. ``{"completed": 2, "retryable": 1}``."""
+        counts = {
+            "completed": self.completed,
+            "retryable": self.retryable,
+            "discarded": self.discarded,
+            "cancelled": self.cancelled,
+            "snoozed": self.snoozed,
+        }
+        return {name: count for name, count in counts.items() if count}
+
+
+#: The state a finished run leaves its job in -> the RunSummary count it adds to. (A
+#: failure retried after 0 s is ``retryable`` here; the next round promotes it.)
+_COUNTED = {
+    JobState.COMPLETED: "completed",
+    JobState.RETRYABLE: "retryable",
+    JobState.DISCARDED: "discarded",
+    JobState.CANCELLED: "cancelled",
+    JobState.SCHEDULED: "snoozed",
+}
+
+
+class MaxRunsExceededError(AssertionError):
+    """:func:`run_jobs` ran ``max_runs`` jobs and jobs were still due."""
+
+
+@overload
+def run_jobs(
+    session: Session,
+    worker: Worker,
+    *,
+    queues: Iterable[str] | None = ...,
+    scheduled: bool = ...,
+    max_runs: int = ...,
+) -> RunSummary: ...
+@overload
+def run_jobs(
+    session: AsyncSession,
+    worker: Worker,
+    *,
+    queues: Iterable[str] | None = ...,
+    scheduled: bool = ...,
+    max_runs: int = ...,
+) -> Awaitable[RunSummary]: ...
+def run_jobs(
+    session: Session | AsyncSession,
+    worker: Worker,
+    *,
+    queues: Iterable[str] | None = None,
+    scheduled: bool = False,
+    max_runs: int = DEFAULT_MAX_RUNS,
+) -> RunSummary | Awaitable[RunSummary]:
+    """Work every due job of ``worker``'s queues in ``session``'s transaction; return counts.
+
+    Jobs that become due meanwhile (enqueued by a handler, retried after 0 s, the next
+    job of a sequence) are worked too; jobs due later are left alone.
+
+    Args:
+        session: The test's session. With an ``AsyncSession`` this returns an awaitable
+            (``summary = await run_jobs(async_session, worker)``), and async handlers that
+            take a session get that ``AsyncSession``.
+        worker: The application's :class:`~sa_jobs.Worker`: its handlers, retry policy and
+            queues are used; it is not started and its engine is not used.
+        queues: The queues to work; default the worker's.
+        scheduled: Also work jobs that are ``scheduled`` for later, as if their time had
+            come (Oban's ``with_scheduled``); only those scheduled before the call.
+        max_runs: Give up (``MaxRunsExceededError``) after this many runs, which only a
+            loop reaches: a handler that snoozes for 0 s, or re-enqueues itself.
+
+    Supported handlers: sync ``(job)`` and ``(job, session)``; ``async def`` ``(job)``
+    (run with ``asyncio.run`` from a sync test; awaited with an ``AsyncSession``); ``async
+    def`` ``(job, session)`` only with an ``AsyncSession``.
+
+    Raises:
+        TypeError: ``session`` or ``worker`` is not what is expected, or an async handler
+            that takes a session met a sync ``Session``.
+        MaxRunsExceededError: still jobs due after ``max_runs`` runs.
+    """
+    if not isinstance(worker, Worker):
+        raise TypeError(
+            f"run_jobs needs your application's sa_jobs.Worker (the one your handlers are "
+            f"registered on), got {type(worker).__name__}"
+        )
+    if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 1:
+        raise TypeError(f"max_runs must be a positive int, got {max_runs!r}")
+    if isinstance(queues, str):
+        raise TypeError(f"queues must be queue names, e.g. queues=[{queues!r}], got {queues!r}")
+    runner = _Runner(worker, list(worker.queues if queues is None else queues), max_runs)
+    if isinstance(session, AsyncSession):
+        return runner.run_async(session, scheduled)
+    if isinstance(session, Session):
+        return runner.run_sync(session, scheduled)
+    raise TypeError(
+        f"run_jobs needs a sqlalchemy Session or AsyncSession, got {type(session).__name__}"
+    )
+
+
+class _Runner:
+    """The state of one :func:`run_jobs` call, shared by its sync and async loops."""
+
+    def __init__(self, worker: Worker, queues: list[str], max_runs: int) -> None:
+        if not queues or any(not isinstance(q, str) for q in queues):
+            raise TypeError(f"queues must be queue names (strings), got {queues!r}")
+        self.worker = worker
+        self.queues = queues
+        self.max_runs = max_runs
+        self.counts = dict.fromkeys(_COUNTED.values(), 0)
+        self.errors: list[str] = []
+        self.jobs: list[Job] = []
+
+    # -- the loops
+
+    def run_sync(self, session: Session, scheduled: bool) -> RunSummary:
+        if scheduled:
+            self.bring_scheduled_forward(session)
+        while (job := self.next_job(session)) is not None:
+            execution = self.execution(job)
+            outcome: Outcome | None
+            try:
+                handler = prepare(execution)
+                if handler.is_async:
+                    if handler.wants_session:
+                        raise InlineUsageError(_needs_async_session(handler))
+                    _run_coroutine(handler.function, job)
+                    outcome = execution.outcome_for_return()
+                elif handler.wants_session:
+                    _run_in_savepoint(session, handler, job)
+                    outcome = None
+                else:
+                    handler.function(job)
+                    outcome = execution.outcome_for_return()
+            except InlineUsageError:
+                raise
+            except Exception as exc:  # the handler's failure is data, as in the worker
+                outcome = execution.outcome_for_exception(exc)
+            self.record(session, job, outcome)
+        return self.summary()
+
+    async def run_async(self, session: AsyncSession, scheduled: bool) -> RunSummary:
+        if scheduled:
+            await session.run_sync(self.bring_scheduled_forward)
+        while (job := await session.run_sync(self.next_job)) is not None:
+            execution = self.execution(job)
+            outcome: Outcome | None
+            try:
+                handler = prepare(execution)
+                if handler.is_async and handler.wants_session:
+                    async with session.begin_nested():
+                        await handler.function(job, session)
+                        await session.run_sync(complete_in, job)
+                    outcome = None
+                elif handler.is_async:
+                    await handler.function(job)
+                    outcome = execution.outcome_for_return()
+                elif handler.wants_session:
+                    # In run_sync the handler gets the sync Session behind the
+                    # AsyncSession, as a sync handler gets a Session from the worker.
+                    await session.run_sync(_run_in_savepoint, handler, job)
+                    outcome = None
+                else:
+                    handler.function(job)
+                    outcome = execution.outcome_for_return()
+            except Exception as exc:  # the handler's failure is data, as in the worker
+                # In run_sync: a savepoint's rollback may have expired the job, and only
+                # there may an expired attribute be loaded.
+                outcome = await session.run_sync(_failure, execution, exc)
+            await session.run_sync(self.record, job, outcome)
+        return self.summary()
+
+    # -- the steps both loops share
+
+    def next_job(self, session: Session) -> Job | None:
+        """Promote what became due, then fetch the next due job, as the worker fetches."""
+        connection = session.connection()
+        features = Features.of(connection)
+        Scheduler(features=features).run_once(connection)
+        if features.sequence:
+            SequenceRepair().run_once(connection)
+        # The queue of the job that runs next across all queues (the worker's fetch takes
+        # one queue at a time); locked so the fetch below takes that very job.
+        queue = session.scalar(
+            select(Job.queue)
+            .where(
+                Job.state == JobState.AVAILABLE,
+                Job.queue.in_(self.queues),
+                Job.scheduled_at <= func.now(),
+            )
+            .order_by(Job.priority, Job.scheduled_at, Job.id)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+        )
+        if queue is None:
+            return None
+        if len(self.jobs) >= self.max_runs:
+            raise MaxRunsExceededError(
+                f"run_jobs ran {self.max_runs} jobs and jobs are still due (a handler that "
+                "snoozes for 0 s, or enqueues a job on every run?); pass max_runs= to allow "
+                f"more. Last runs: {self.summary()!r}"
+            )
+        fetch = (
+            select(Job)
+            .from_statement(jobs_fetch_available(features))
+            # The test may hold this very job (it enqueued it): refresh it in place.
+            .execution_options(populate_existing=True)
+        )
+        params = {"fetch_queue": queue, "fetch_limit": 1, "fetch_worker_id": self.worker.id}
+        job = session.scalars(fetch, params).first()
+        if job is not None:
+            self.jobs.append(job)
+        return job
+
+    def execution(self, job: Job) -> Execution:
+        """The run of ``job``, as the worker makes it: the outcome of a missing handler,
+        args that do not decode, a return or an exception comes from it."""
+        execution = Execution(
+            job, self.worker.handlers.find(job.kind), self.worker.retry_policy, _not_settled
+        )
+        execution.begin()
+        return execution
+
+    def record(self, session: Session, job: Job, outcome: Outcome | None) -> None:
+        """Write the outcome as the completer does (None: the handler's savepoint
+        completed the job already) and count the state it left the job in."""
+        if outcome is None:
+            state = JobState.COMPLETED
+        else:
+            changed = finish_in(session.connection(), [outcome])
+            if not changed:
+                # The run was no longer current: the handler moved its own job (through
+                # the test's session, say). Count the state the row is in.
+                session.expire(job)
+            state = changed[0][1] if changed else JobState(job.state)
+            error = (outcome.error or {}).get("error")
+            if error is not None:
+                self.errors.append(f"job {job.id} ({job.kind}) attempt {job.attempt}: {error}")
+        if state in _COUNTED:
+            self.counts[_COUNTED[state]] += 1
+        # The row moved on under the ORM object: reload it on next access.
+        session.expire(job)
+
+    def bring_scheduled_forward(self, session: Session) -> None:
+        session.execute(
+            update(Job)
+            .where(Job.state == JobState.SCHEDULED, Job.queue.in_(self.queues))
+            .values(scheduled_at=func.now())
+            .execution_options(synchronize_session=False)
+        )
+
+    def summary(self) -> RunSummary:
+        return RunSummary(**self.counts, errors=tuple(self.errors), jobs=tuple(self.jobs))
+
+
+class InlineUsageError(TypeError):
+    """:func:`run_jobs` cannot run a handler from where it was called (an async handler
+    that takes a session, given a sync ``Session``; async handlers inside a running
+    event loop, given a sync ``Session``)."""
+
+
+def _needs_async_session(handler: Handler) -> str:
+    name = getattr(handler.function, "__qualname__", repr(handler.function))
+    return (
+        f"the handler {name} of kind {handler.kind.name!r} is async and takes a session, "
+        "which must be an AsyncSession: use `await run_jobs(async_session, worker)` in an "
+        "async test"
+    )
+
+
+def _not_settled(_execution: Execution, _outcome: Outcome | None, _by_runner: bool) -> None:
+    """run_jobs writes outcomes itself; nothing settles an execution behind its back."""
+
+
+def _failure(_session: Session, execution: Execution, exc: Exception) -> Outcome:
+    return execution.outcome_for_exception(exc)
+
+
+def _run_in_savepoint(session: Session, handler: Handler, job: Job) -> None:
+    with session.begin_nested():
+        handler.function(job, session)
+        complete_in(session, job)
+
+
+def _run_coroutine(function: Callable[..., Any], job: Job) -> None:
+    """Run an async handler taking ``(job)`` from sync code, on an event loop of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise InlineUsageError(
+            "run_jobs(session, ...) with a sync Session was called inside a running event "
+            "loop, where an async handler cannot be run to completion; use an AsyncSession: "
+            "`await run_jobs(async_session, worker)`"
+        )
+    result = function(job)
+    if inspect.isawaitable(result):
+        asyncio.run(_awaited(result))
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> None:
+    await awaitable
