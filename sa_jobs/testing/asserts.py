@@ -22,16 +22,16 @@ returns an awaitable (``await assert_enqueued(async_session, SendWelcome)``).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any, TypeVar, overload
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
 
 import attrs
 from sqlalchemy import Select, select
-from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 from sa_jobs.args import JobKind, default_registry, kind_of
 from sa_jobs.models import Job
+from sa_jobs.sessions import either_session
 from sa_jobs.states import JobState
 
 __all__ = [
@@ -78,7 +78,7 @@ class _Query:
         # A job the test holds may have moved on (run_jobs): read the row as it is.
         return query.execution_options(populate_existing=True)
 
-    def differences(self, job: Job) -> list[str]:
+    def differences(self, job: Job[Any]) -> list[str]:
         """How ``job`` differs from what was asked for (empty: it matches)."""
         found: list[str] = []
         if self.kind_name is not None and job.kind != self.kind_name:
@@ -94,7 +94,7 @@ class _Query:
             found.append(f"tags={job.tags!r}")
         return found + self._args_differences(job)
 
-    def _args_differences(self, job: Job) -> list[str]:
+    def _args_differences(self, job: Job[Any]) -> list[str]:
         if self.whole_args is None and not self.args:
             return []
         if self.kind is None:
@@ -203,7 +203,7 @@ def _states(state: StateLike) -> tuple[JobState, ...]:
     return states
 
 
-def _matches(session: Session, query: _Query) -> list[Job]:
+def _matches(session: Session, query: _Query) -> list[Job[Any]]:
     jobs = session.scalars(query.statement()).all()
     return [job for job in jobs if not query.differences(job)]
 
@@ -236,45 +236,12 @@ def _listing(session: Session, query: _Query) -> str:
     return "\n".join(lines)
 
 
-def _run(session: Session | AsyncSession, check: Callable[[Session], T]) -> T | Awaitable[T]:
-    if isinstance(session, AsyncSession):
-        return session.run_sync(check)
-    if isinstance(session, Session):
-        return check(session)
-    raise TypeError(f"expected a sqlalchemy Session or AsyncSession, got {type(session).__name__}")
-
-
 # ---------------------------------------------------------------------------- public
 
 
-@overload
+@either_session
 def enqueued_jobs(
     session: Session,
-    kind: KindLike = ...,
-    /,
-    *,
-    state: StateLike = ...,
-    queue: str | None = ...,
-    priority: int | None = ...,
-    tags: Iterable[str] | None = ...,
-    args: Mapping[str, Any] | None = ...,
-    **args_subset: Any,
-) -> list[Job]: ...
-@overload
-def enqueued_jobs(
-    session: AsyncSession,
-    kind: KindLike = ...,
-    /,
-    *,
-    state: StateLike = ...,
-    queue: str | None = ...,
-    priority: int | None = ...,
-    tags: Iterable[str] | None = ...,
-    args: Mapping[str, Any] | None = ...,
-    **args_subset: Any,
-) -> Awaitable[list[Job]]: ...
-def enqueued_jobs(
-    session: Session | AsyncSession,
     kind: KindLike = None,
     /,
     *,
@@ -284,7 +251,7 @@ def enqueued_jobs(
     tags: Iterable[str] | None = None,
     args: Mapping[str, Any] | None = None,
     **args_subset: Any,
-) -> list[Job] | Awaitable[list[Job]]:
+) -> list[Job[Any]]:
     """The jobs matching, in id order (Oban's ``all_enqueued``), for your own assertions.
 
     Args:
@@ -313,39 +280,12 @@ def enqueued_jobs(
         args=args,
         args_subset=args_subset,
     )
-    return _run(session, lambda sync: _matches(sync, query))
+    return _matches(session, query)
 
 
-@overload
+@either_session
 def assert_enqueued(
     session: Session,
-    kind: KindLike = ...,
-    /,
-    *,
-    count: int | None = ...,
-    state: StateLike = ...,
-    queue: str | None = ...,
-    priority: int | None = ...,
-    tags: Iterable[str] | None = ...,
-    args: Mapping[str, Any] | None = ...,
-    **args_subset: Any,
-) -> Job: ...
-@overload
-def assert_enqueued(
-    session: AsyncSession,
-    kind: KindLike = ...,
-    /,
-    *,
-    count: int | None = ...,
-    state: StateLike = ...,
-    queue: str | None = ...,
-    priority: int | None = ...,
-    tags: Iterable[str] | None = ...,
-    args: Mapping[str, Any] | None = ...,
-    **args_subset: Any,
-) -> Awaitable[Job]: ...
-def assert_enqueued(
-    session: Session | AsyncSession,
     kind: KindLike = None,
     /,
     *,
@@ -356,7 +296,7 @@ def assert_enqueued(
     tags: Iterable[str] | None = None,
     args: Mapping[str, Any] | None = None,
     **args_subset: Any,
-) -> Job | Awaitable[Job]:
+) -> Job[Any]:
     """Assert that a matching job was enqueued (``count``: exactly that many); return the
     first one, by id, for further checks.
 
@@ -380,47 +320,19 @@ def assert_enqueued(
         args_subset=args_subset,
     )
 
-    def check(sync: Session) -> Job:
-        found = _matches(sync, query)
-        if not found or (count is not None and len(found) != count):
-            wanted = "a job" if count is None else f"{count} job{'s' if count > 1 else ''}"
-            raise AssertionError(
-                f"expected {wanted} of {query.describe()}; found {len(found) or 'none'} "
-                f"among {_listing(sync, query)}"
-            )
-        return found[0]
-
-    return _run(session, check)
+    found = _matches(session, query)
+    if not found or (count is not None and len(found) != count):
+        wanted = "a job" if count is None else f"{count} job{'s' if count > 1 else ''}"
+        raise AssertionError(
+            f"expected {wanted} of {query.describe()}; found {len(found) or 'none'} "
+            f"among {_listing(session, query)}"
+        )
+    return found[0]
 
 
-@overload
+@either_session
 def assert_not_enqueued(
     session: Session,
-    kind: KindLike = ...,
-    /,
-    *,
-    state: StateLike = ...,
-    queue: str | None = ...,
-    priority: int | None = ...,
-    tags: Iterable[str] | None = ...,
-    args: Mapping[str, Any] | None = ...,
-    **args_subset: Any,
-) -> None: ...
-@overload
-def assert_not_enqueued(
-    session: AsyncSession,
-    kind: KindLike = ...,
-    /,
-    *,
-    state: StateLike = ...,
-    queue: str | None = ...,
-    priority: int | None = ...,
-    tags: Iterable[str] | None = ...,
-    args: Mapping[str, Any] | None = ...,
-    **args_subset: Any,
-) -> Awaitable[None]: ...
-def assert_not_enqueued(
-    session: Session | AsyncSession,
     kind: KindLike = None,
     /,
     *,
@@ -430,7 +342,7 @@ def assert_not_enqueued(
     tags: Iterable[str] | None = None,
     args: Mapping[str, Any] | None = None,
     **args_subset: Any,
-) -> Awaitable[None] | None:
+) -> None:
     """Assert that no matching job was enqueued. As with Oban's ``refute_enqueued``, be
     as unspecific as you can: ``assert_not_enqueued(session, SendWelcome)`` also fails
     for a welcome mail to the wrong address.
@@ -450,16 +362,13 @@ def assert_not_enqueued(
         args_subset=args_subset,
     )
 
-    def check(sync: Session) -> None:
-        found = _matches(sync, query)
-        if found:
-            listed = "\n".join(
-                f"  job {job.id} {job.kind} [{JobState(job.state).value}] "
-                f"queue={job.queue!r} args={job.args_json!r}"
-                for job in found[:LISTED_JOBS]
-            )
-            raise AssertionError(
-                f"expected no job of {query.describe()}; found {len(found)}:\n{listed}"
-            )
-
-    return _run(session, check)
+    found = _matches(session, query)
+    if found:
+        listed = "\n".join(
+            f"  job {job.id} {job.kind} [{JobState(job.state).value}] "
+            f"queue={job.queue!r} args={job.args_json!r}"
+            for job in found[:LISTED_JOBS]
+        )
+        raise AssertionError(
+            f"expected no job of {query.describe()}; found {len(found)}:\n{listed}"
+        )

@@ -84,7 +84,7 @@ class RunSummary:
     cancelled: int = 0
     snoozed: int = 0
     errors: tuple[str, ...] = attrs.field(default=(), eq=False)
-    jobs: tuple[Job, ...] = attrs.field(default=(), eq=False, repr=False)
+    jobs: tuple[Job[Any], ...] = attrs.field(default=(), eq=False, repr=False)
 
     @property
     def total(self) -> int:
@@ -200,7 +200,7 @@ class _Runner:
         self.max_runs = max_runs
         self.counts = dict.fromkeys(_COUNTED.values(), 0)
         self.errors: list[str] = []
-        self.jobs: list[Job] = []
+        self.jobs: list[Job[Any]] = []
 
     # -- the loops
 
@@ -263,7 +263,7 @@ class _Runner:
 
     # -- the steps both loops share
 
-    def next_job(self, session: Session) -> Job | None:
+    def next_job(self, session: Session) -> Job[Any] | None:
         """Promote what became due, then fetch the next due job, as the worker fetches."""
         connection = session.connection()
         features = Features.of(connection)
@@ -303,7 +303,7 @@ class _Runner:
             self.jobs.append(job)
         return job
 
-    def execution(self, job: Job) -> Execution:
+    def execution(self, job: Job[Any]) -> Execution:
         """The run of ``job``, as the worker makes it: the outcome of a missing handler,
         args that do not decode, a return or an exception comes from it."""
         execution = Execution(
@@ -312,7 +312,7 @@ class _Runner:
         execution.begin()
         return execution
 
-    def record(self, session: Session, job: Job, outcome: Outcome | None) -> None:
+    def record(self, session: Session, job: Job[Any], outcome: Outcome | None) -> None:
         """Write the outcome as the completer does (None: the handler's savepoint
         completed the job already) and count the state it left the job in."""
         if outcome is None:
@@ -367,13 +367,13 @@ def _failure(_session: Session, execution: Execution, exc: Exception) -> Outcome
     return execution.outcome_for_exception(exc)
 
 
-def _run_in_savepoint(session: Session, handler: Handler, job: Job) -> None:
+def _run_in_savepoint(session: Session, handler: Handler, job: Job[Any]) -> None:
     with session.begin_nested():
         handler.function(job, session)
         complete_in(session, job)
 
 
-def _run_coroutine(function: Callable[..., Any], job: Job) -> None:
+def _run_coroutine(function: Callable[..., Any], job: Job[Any]) -> None:
     """Run an async handler taking ``(job)`` from sync code, on an event loop of its own."""
     try:
         asyncio.get_running_loop()

@@ -166,11 +166,11 @@ class JobsTester:
             self.session, self.worker, queues=queues, scheduled=scheduled, max_runs=max_runs
         )
 
-    def enqueued(self, kind: KindLike = None, /, **criteria: Any) -> list[Job]:
+    def enqueued(self, kind: KindLike = None, /, **criteria: Any) -> list[Job[Any]]:
         """:func:`~sa_jobs.testing.enqueued_jobs` in the test's session."""
         return enqueued_jobs(self.session, kind, **criteria)
 
-    def assert_enqueued(self, kind: KindLike = None, /, **criteria: Any) -> Job:
+    def assert_enqueued(self, kind: KindLike = None, /, **criteria: Any) -> Job[Any]:
         """:func:`~sa_jobs.testing.assert_enqueued` in the test's session."""
         return assert_enqueued(self.session, kind, **criteria)
 
