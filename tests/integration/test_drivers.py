@@ -25,7 +25,9 @@ from sa_jobs import InsertAction, Job, JobState, RemoveOutcome, UniqueOpts
 from sa_jobs.devdb import Server
 from sa_jobs.errors import InvalidOptionsError
 from tests.helpers import (
+    AN_HOUR,
     add_job,
+    cancel,
     effects,
     get_job,
     make_worker,
@@ -213,6 +215,32 @@ def test_a_worker_runs_every_kind_of_handler_on_every_driver(
     # Session handlers' writes commit with their job's completion.
     assert [row[0] for row in effects(engine)] == ids[2:]
     assert all(same_transaction(engine, job_id) for job_id in ids[2:])
+
+
+def test_failures_retry_and_a_cancel_interrupts_a_running_job_on_every_driver(
+    driver_engine: Any, engine: Engine
+) -> None:
+    started = threading.Event()
+    worker = make_worker(driver_engine, retry_policy=AN_HOUR)
+
+    @worker.handler(Plain)
+    def failing(job: Job[Plain]) -> None:
+        raise RuntimeError(f"attempt {job.attempt} failed")
+
+    @worker.handler(Async)
+    async def waiting(job: Job[Async]) -> None:
+        started.set()
+        await asyncio.sleep(30)  # until cancelled
+
+    with running(worker):
+        wait_listening(worker)
+        failed = add_job(engine, Plain(1))
+        waiter = add_job(engine, Async(2))
+        retryable = wait_for_state(engine, failed, JobState.RETRYABLE)
+        assert retryable.errors[-1]["error"] == "RuntimeError: attempt 1 failed"
+        assert started.wait(5)
+        cancel(engine, waiter)  # the worker hears it on its LISTEN connection
+        wait_for_state(engine, waiter, JobState.CANCELLED)
 
 
 def test_new_jobs_wake_the_worker_on_every_driver(driver_engine: Any, engine: Engine) -> None:
