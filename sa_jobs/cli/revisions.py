@@ -99,7 +99,13 @@ def applied_between(
     """The revisions installed at ``after`` but not at ``before``, oldest first (for a
     downgrade, swap the arguments: what was removed)."""
     gained = _installed(script, after) - _installed(script, before)
-    return [r for r in _in_order(script) if r.revision in gained]
+    revisions = [r for r in _in_order(script) if r.revision in gained]
+    # Listed branch by branch (core first) for reading; within a branch, in order.
+    return sorted(revisions, key=lambda r: _branch_rank(r.branch_labels))
+
+
+def _branch_rank(labels: Iterable[str]) -> int:
+    return min((BRANCHES.index(label) for label in labels if label in BRANCHES), default=0)
 
 
 def describe(revision: Script) -> str:

@@ -202,7 +202,9 @@ def _from_environment(setting: Setting) -> Any:
             continue
         try:
             if setting.many:
-                return [setting.read(item) for item in raw.split(",") if item.strip()] or None
+                return [
+                    setting.read(item.strip()) for item in raw.split(",") if item.strip()
+                ] or None
             return setting.read(raw)
         except argparse.ArgumentTypeError as exc:
             raise UsageError(f"${variable}: {exc} (fix or unset the variable)") from None
