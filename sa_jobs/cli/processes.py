@@ -55,10 +55,14 @@ def supervise(command: Sequence[str], count: int, until_idle: bool) -> int:
     previous = {s: signal.signal(s, forward) for s in FORWARDED}
     try:
         for _ in range(count):
+            if stop_requested:  # a signal while starting: start no more
+                break
             # process_group=0: see the module's docstring (Ctrl-C reaches the parent only).
             children.append(subprocess.Popen(list(command), process_group=0))
         log.info(
-            "started %d worker processes: pids %s", count, ", ".join(str(c.pid) for c in children)
+            "started %d worker processes: pids %s",
+            len(children),
+            ", ".join(str(child.pid) for child in children),
         )
         ended: set[int] = set()
         while len(ended) < len(children):

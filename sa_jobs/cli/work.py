@@ -144,7 +144,13 @@ def _child_command(options: argparse.Namespace, queues: dict[str, int]) -> list[
 
 class _Interrupted(BaseException):
     """SIGTERM/SIGINT during ``--until-idle``: unwinds run_until_idle, whose ``finally``
-    stops the worker the graceful way (a BaseException, so no handler swallows it)."""
+    stops the worker the graceful way (a BaseException, so no handler swallows it).
+
+    Raised rather than calling ``worker.stop()``, because run_until_idle's loop does not
+    watch for a stop request and would keep polling a stopped run. A signal that lands
+    in the final ``stop()`` itself cuts that short; the worker's threads are daemons and
+    any outcome left unwritten is rescued later, as after a crash.
+    """
 
 
 def _until_idle(worker: Worker) -> int:

@@ -313,3 +313,18 @@ def test_work_url_wins_over_the_environment_for_the_apps_engine(
     assert main(["work", APP, "--until-idle", "--url", url_text(database_url)]) == 0
 
     assert job_row(engine, own).state is JobState.COMPLETED
+
+
+# ---------------------------------------------------------------------- demo
+
+
+def test_demo_runs_on_the_server_given_by_url(
+    pg_server: Server, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url = url_text(pg_server.url)
+
+    assert main(["demo", "--url", url]) == 0
+
+    out = capsys.readouterr().out
+    shown = pg_server.url.render_as_string(hide_password=True)
+    assert out.startswith(f"using --url ({shown})\n")
