@@ -37,10 +37,10 @@ STOP_TIMEOUT = 30
 class Parent:
     """``sa-jobs work --processes 2`` as a subprocess, its log in a file."""
 
-    def __init__(self, url: URL, log_path: Path, *argv: str) -> None:
+    def __init__(self, url: URL, log_path: Path, *argv: str, **variables: str) -> None:
         self.log_path = log_path
-        env = {**os.environ, "SA_JOBS_DATABASE_URL": url_text(url), "PYTHONUNBUFFERED": "1"}
-        env.pop("SA_JOBS_PROCESSES", None)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SA_JOBS_")}
+        env.update(SA_JOBS_DATABASE_URL=url_text(url), PYTHONUNBUFFERED="1", **variables)
         command = [sys.executable, "-m", "sa_jobs.cli", "work", "cli_worker_app:make_worker"]
         with log_path.open("wb") as log:
             self.popen = subprocess.Popen(
@@ -84,8 +84,8 @@ def start(database_url: URL, tmp_path: Path, no_workers_or_leader: None) -> Iter
     started: list[Parent] = []
     pids: list[int] = []
 
-    def make(*argv: str) -> Parent:
-        parent = Parent(database_url, tmp_path / f"parent{len(started)}.log", *argv)
+    def make(*argv: str, **variables: str) -> Parent:
+        parent = Parent(database_url, tmp_path / f"parent{len(started)}.log", *argv, **variables)
         started.append(parent)
         return parent
 
@@ -182,14 +182,39 @@ def test_children_stop_when_the_parent_is_killed(start: Start, engine: Engine) -
     assert parent.output().count("is gone: stopping") == 2
 
 
-def test_until_idle_with_processes_exits_0_when_the_queues_are_empty(
-    start: Start, engine: Engine
-) -> None:
+def test_processes_and_until_idle_from_the_environment(start: Start, engine: Engine) -> None:
+    """Two processes, one job at a time each, until idle: all from SA_JOBS_* variables.
+    The children inherit SA_JOBS_PROCESSES=2 but are told --processes 1, so exactly one
+    parent starts children."""
     jobs = insert_lingers(engine, 4, 0.2)
 
-    parent = start("--processes", "2", "-q", f"{QUEUE}=1", "--until-idle")
+    parent = start(SA_JOBS_PROCESSES="2", SA_JOBS_UNTIL_IDLE="true", SA_JOBS_QUEUES=f"{QUEUE}=1")
 
     assert parent.wait() == 0, parent.output()
     with engine.connect() as connection:
         states = connection.scalars(select(Job.state).where(Job.id.in_(jobs))).all()
     assert states == [JobState.COMPLETED] * 4
+    assert len(worker_ids(engine, jobs)) == 2, parent.output()
+    log = parent.output()
+    assert log.count("started 2 worker processes") == 1, log
+    assert log.count(f"started: queues {{'{QUEUE}': 1}}") == 2, log
+
+
+def test_sigterm_during_until_idle_lets_the_running_job_finish(
+    start: Start, engine: Engine
+) -> None:
+    [long_job] = insert_lingers(engine, 1, 1.0)
+    [waiting] = insert_lingers(engine, 1, 0.1)
+
+    parent = start("--until-idle", "-q", f"{QUEUE}=1")
+    wait_for_state(engine, long_job, JobState.RUNNING, timeout=30)
+    parent.popen.send_signal(signal.SIGTERM)
+
+    assert parent.wait() == 0, parent.output()
+    assert wait_for_state(engine, long_job, JobState.COMPLETED).state is JobState.COMPLETED
+    # Stopped before the queue was idle: the next job stays queued for the next run.
+    assert wait_for_state(engine, waiting, JobState.AVAILABLE).state is JobState.AVAILABLE
+    log = parent.output()
+    assert "SIGTERM: finishing running jobs, then stopping" in log
+    assert "stopped before the queues were idle" in log
+    assert "Traceback" not in log
