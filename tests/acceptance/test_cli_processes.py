@@ -218,3 +218,18 @@ def test_sigterm_during_until_idle_lets_the_running_job_finish(
     assert "SIGTERM: finishing running jobs, then stopping" in log
     assert "stopped before the queues were idle" in log
     assert "Traceback" not in log
+
+
+def test_no_until_idle_on_the_command_line_wins_over_the_environment(
+    start: Start, engine: Engine
+) -> None:
+    [job] = insert_lingers(engine, 1, 0.1)
+
+    parent = start("--no-until-idle", SA_JOBS_UNTIL_IDLE="1")
+    wait_for_state(engine, job, JobState.COMPLETED, timeout=30)
+    # With --until-idle it would be gone about now (idle is noticed within milliseconds).
+    time.sleep(2)
+    assert parent.popen.poll() is None, parent.output()
+
+    parent.popen.send_signal(signal.SIGTERM)
+    assert parent.wait() == 0, parent.output()

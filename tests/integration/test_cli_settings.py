@@ -279,15 +279,15 @@ def test_concurrency_without_queues_applies_to_the_workers_own(
     assert started[0].endswith(f"started: queues {{'{QUEUE}': 7}}")
 
 
-def test_the_command_line_turns_off_until_idle_and_replaces_the_queues_of_the_environment(
+def test_the_command_line_wins_over_the_queues_and_until_idle_of_the_environment(
     database_url: URL,
     engine: Engine,
     no_workers_or_leader: None,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The environment says to work "other" forever; the command line says: "mail", until
-    idle. Returning at all shows --until-idle won over nothing, and the job in "other"
-    left alone shows -q won over $SA_JOBS_QUEUES."""
+    """The environment says: work "other", forever. The command line says: "mail", until
+    idle. Returning at all shows --until-idle won over $SA_JOBS_UNTIL_IDLE=0, and the job
+    in "other" left alone shows -q won over $SA_JOBS_QUEUES."""
     mail = _touch(engine, "mail", "mail")
     other = _touch(engine, "other", "other")
     monkeypatch.setenv("SA_JOBS_QUEUES", "other")
