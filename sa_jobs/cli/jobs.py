@@ -57,7 +57,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     listing.add_argument("--kind", action="append", help="only this kind (repeatable)")
     listing.add_argument(
         "--limit",
-        type=_positive_int,
+        type=settings.positive_int,
         default=DEFAULT_LIMIT,
         help=f"at most this many jobs (default {DEFAULT_LIMIT})",
     )
@@ -84,13 +84,6 @@ def _job_id(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a job id (a whole number)") from None
     if not 1 <= value <= MAX_JOB_ID:
         raise argparse.ArgumentTypeError(f"{text} is not a job id (ids run from 1 to {MAX_JOB_ID})")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
 
 
