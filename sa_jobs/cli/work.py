@@ -96,8 +96,8 @@ def _work(options: argparse.Namespace) -> int:
         raise UsageError("name the worker: sa-jobs work MODULE:ATTRIBUTE, or set SA_JOBS_WORKER")
     queues = queues_from(options.queues or (), options.concurrency)
     if options.url:
-        # The worker's engine is the application's own; an app that reads the variable (as
-        # sa_jobs' examples do) follows --url, and so do --processes children.
+        # The worker's engine is the application's own; an app that builds it from this
+        # variable follows --url, and so do --processes children (they inherit it).
         os.environ["SA_JOBS_DATABASE_URL"] = options.url
     worker = load_worker(options.app)
     if queues:
