@@ -6,6 +6,8 @@ at least once. See the README and ``docs/`` for a tour.
 
 from __future__ import annotations
 
+from importlib import metadata as _metadata
+
 from sa_jobs import errors
 from sa_jobs.args import KindRegistry, field, job_args
 from sa_jobs.complete import complete_in
@@ -20,6 +22,11 @@ from sa_jobs.options import InsertOptions, InsertOpts, JobKeyMode, SequenceOpts,
 from sa_jobs.schema import downgrade, migrate
 from sa_jobs.states import InsertAction, JobState
 from sa_jobs.worker import ExponentialRetry, MaintenanceConfig, Retention, RetryPolicy, Worker
+
+try:
+    __version__ = _metadata.version("sa-jobs")
+except _metadata.PackageNotFoundError:  # imported from a checkout that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "ArgsConverter",

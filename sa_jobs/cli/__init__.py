@@ -2,25 +2,33 @@
 
 Every command returns an exit code from :func:`main`; expected failures (no such job,
 a job in the wrong state, an unreachable database, a missing schema) print one line to
-stderr and exit 1, without a traceback. Each command lives in a module of its own.
+stderr and exit 1, without a traceback; a bad option or ``SA_JOBS_*`` value exits 2.
+Each command lives in a module of its own; the options every command shares and the
+environment variables behind them are in :mod:`sa_jobs.cli.settings`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 
 from alembic.util import CommandError as AlembicCommandError
-from sqlalchemy.exc import DBAPIError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
 
+import sa_jobs
 from sa_jobs import demo
-from sa_jobs.cli import jobs, migrate, work
-from sa_jobs.cli.common import CommandError, first_line
+from sa_jobs.cli import jobs, migrate, settings, work
+from sa_jobs.cli.common import CommandError, Parser, first_line
+from sa_jobs.devdb import Server, normalize_url
 from sa_jobs.errors import SaJobsError
 
 __all__ = ["CommandError", "main"]
+
+LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,13 +36,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     A mistake the user can fix — a bad or unreachable URL, an unknown revision, a job
     that does not exist, a schema another tool manages — prints one line to stderr and
-    exits 1. Only a bug in sa_jobs itself shows a traceback.
+    exits 1 (2 for a bad option or variable). Only a bug in sa_jobs itself shows a
+    traceback.
     """
     options = _parser().parse_args(argv)
     try:
+        settings.resolve(options, options.settings)
+        level = options.log_level or options.default_log_level
+        logging.basicConfig(level=level, format=LOG_FORMAT)
         result: int = options.run(options)
         return result
-    except (CommandError, SaJobsError, AlembicCommandError) as exc:
+    except CommandError as exc:
+        _fail(first_line(exc))
+        return exc.exit_code
+    except (SaJobsError, AlembicCommandError) as exc:
         _fail(first_line(exc))
     except NoSuchModuleError as exc:
         _fail(f"unknown database driver in the URL ({first_line(exc)})")
@@ -44,6 +59,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         _fail(f"the database refused: {first_line(exc.orig or exc)}")
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`sa-jobs migrate --sql | head`): nothing to report, and
+        # Python's own flush at exit must not fail on the closed pipe again.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 1
 
 
@@ -51,24 +72,37 @@ def _fail(message: str) -> None:
     print(f"sa-jobs: {message}", file=sys.stderr)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, with a usage mistake reported on one line like every other error."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="sa-jobs", description="sa_jobs, a PostgreSQL job queue for SQLAlchemy.")
-    commands = parser.add_subparsers(required=True, metavar="COMMAND")
-    migrate.add_command(commands)
-    work.add_command(commands)
-    jobs.add_commands(commands)
-    tour = commands.add_parser("demo", help="a short tour against a throwaway database")
-    tour.set_defaults(run=_demo)
+    common = settings.global_options()
+    parser = Parser(
+        prog="sa-jobs",
+        description="sa_jobs, a PostgreSQL job queue for SQLAlchemy. Every option can also "
+        "come from an SA_JOBS_* environment variable (see docs/cli.md); the command line "
+        "wins.",
+        parents=[common],
+    )
+    parser.add_argument("--version", action="version", version=f"sa-jobs {sa_jobs.__version__}")
+    commands = parser.add_subparsers(required=True, metavar="COMMAND", parser_class=Parser)
+    migrate.add_command(commands, common)
+    work.add_command(commands, common)
+    jobs.add_commands(commands, common)
+    tour = commands.add_parser(
+        "demo", parents=[common], help="a short tour against a throwaway database"
+    )
+    tour.set_defaults(run=_demo, settings=(settings.URL, settings.LOG_LEVEL))
+    # Each command names the settings it reads (above); work logs at INFO, the others
+    # only say something when it matters.
+    parser.set_defaults(default_log_level="WARNING")
     return parser
 
 
-def _demo(_options: argparse.Namespace) -> int:
-    demo.run()
+def _demo(options: argparse.Namespace) -> int:
+    server = None
+    if options.url:
+        try:
+            url = normalize_url(options.url)
+        except (ArgumentError, ValueError):
+            raise CommandError("the database URL cannot be parsed") from None
+        server = Server(url, f"--url ({url.render_as_string(hide_password=True)})")
+    demo.run(server=server)
     return 0

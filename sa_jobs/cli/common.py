@@ -1,34 +1,51 @@
-"""What every ``sa-jobs`` command shares: the one-line error, the ``--url`` option, and
-the engine it opens."""
+"""What every ``sa-jobs`` command shares: the one-line errors, the engine on ``--url``, and
+the plain-text table."""
 
 from __future__ import annotations
 
 import argparse
-import os
+from collections.abc import Sequence
+from typing import NoReturn
 
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import ArgumentError
 from sqlalchemy.pool import NullPool
 
-from sa_jobs.devdb import URL_VARIABLES, normalize_url
+from sa_jobs.devdb import normalize_url
 
-__all__ = ["CommandError", "add_url_option", "engine_from", "first_line"]
+__all__ = [
+    "CommandError",
+    "Parser",
+    "UsageError",
+    "engine_from",
+    "first_line",
+    "format_table",
+]
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a usage mistake reported on one line like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 class CommandError(Exception):
-    """A failure the user can fix from the command line; printed as one line."""
+    """A failure the user can fix from the command line; printed as one line, exit 1."""
+
+    exit_code = 1
 
 
-def add_url_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--url",
-        help="database URL (default: $SA_JOBS_DATABASE_URL, then $DATABASE_URL)",
-    )
+class UsageError(CommandError):
+    """The command was asked wrongly (a bad option or variable value); exit 2, as argparse
+    does for its own usage errors."""
+
+    exit_code = 2
 
 
 def engine_from(options: argparse.Namespace) -> Engine:
-    """An engine on ``--url`` or the first URL variable set; one connection at a time."""
-    raw = options.url or next((os.environ[v] for v in URL_VARIABLES if os.environ.get(v)), None)
+    """An engine on the resolved ``--url``; one connection at a time."""
+    raw = options.url
     if not raw:
         raise CommandError("no database; pass --url or set SA_JOBS_DATABASE_URL")
     try:
@@ -44,3 +61,12 @@ def engine_from(options: argparse.Namespace) -> Engine:
 def first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns separated by two spaces; trailing blanks trimmed."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in (header, *rows)
+    )

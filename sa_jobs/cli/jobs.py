@@ -20,26 +20,31 @@ from sqlalchemy import inspect, select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
-from sa_jobs.cli.common import add_url_option, engine_from
+from sa_jobs.cli import settings
+from sa_jobs.cli.common import engine_from, format_table
 from sa_jobs.control import cancel_job, retry_job
 from sa_jobs.errors import JobNotFoundError
 from sa_jobs.models import Job
 from sa_jobs.schema import translate_missing_schema
 from sa_jobs.states import FINAL_STATES, JobState
 
-__all__ = ["add_commands", "format_job", "format_table"]
+__all__ = ["add_commands", "format_job"]
 
 DEFAULT_LIMIT = 50
 ERROR_WIDTH = 60
 
 
-def add_commands(commands: Any) -> None:
-    """Add ``jobs`` and its actions to the top-level subparsers ``commands``."""
-    jobs = commands.add_parser("jobs", help="list, show, retry or cancel jobs")
+#: What the jobs commands read from the environment (filters and ids are not settings).
+SETTINGS = (settings.URL, settings.LOG_LEVEL)
+
+
+def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Add ``jobs`` and its actions to the top-level subparsers ``commands``; ``common``
+    holds the global options."""
+    jobs = commands.add_parser("jobs", parents=[common], help="list, show, retry or cancel jobs")
     actions = jobs.add_subparsers(required=True, metavar="ACTION")
 
-    listing = actions.add_parser("list", help="a table of jobs, newest first")
-    add_url_option(listing)
+    listing = actions.add_parser("list", parents=[common], help="a table of jobs, newest first")
     listing.add_argument(
         "--state",
         action="append",
@@ -52,21 +57,20 @@ def add_commands(commands: Any) -> None:
     listing.add_argument("--kind", action="append", help="only this kind (repeatable)")
     listing.add_argument(
         "--limit",
-        type=_positive_int,
+        type=settings.positive_int,
         default=DEFAULT_LIMIT,
         help=f"at most this many jobs (default {DEFAULT_LIMIT})",
     )
-    listing.set_defaults(run=_list)
+    listing.set_defaults(run=_list, settings=SETTINGS)
 
     for name, run, text in (
         ("show", _show, "every column of one job, its args and its errors with traces"),
         ("retry", _retry, "make a job run again now (any state but running)"),
         ("cancel", _cancel, "cancel a job (a running one is interrupted by its worker)"),
     ):
-        action = actions.add_parser(name, help=text)
+        action = actions.add_parser(name, parents=[common], help=text)
         action.add_argument("id", type=_job_id, metavar="ID", help="the job's id")
-        add_url_option(action)
-        action.set_defaults(run=run)
+        action.set_defaults(run=run, settings=SETTINGS)
 
 
 #: Job ids are bigint: 1 to 2**63 - 1.
@@ -80,13 +84,6 @@ def _job_id(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a job id (a whole number)") from None
     if not 1 <= value <= MAX_JOB_ID:
         raise argparse.ArgumentTypeError(f"{text} is not a job id (ids run from 1 to {MAX_JOB_ID})")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
 
 
@@ -143,15 +140,6 @@ def _list(options: argparse.Namespace) -> int:
     if len(rows) > options.limit:
         print(f"(more jobs match; showing the newest {options.limit}, see --limit)")
     return 0
-
-
-def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns separated by two spaces; trailing blanks trimmed."""
-    widths = [max(len(cell) for cell in column) for column in zip(header, *rows, strict=True)]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        for line in (header, *rows)
-    )
 
 
 def _shorten(text: str, width: int) -> str:

@@ -1,4 +1,5 @@
-"""``sa-jobs work MODULE:ATTRIBUTE``: run an application's worker until a signal."""
+"""``sa-jobs work MODULE:ATTRIBUTE``: run an application's worker until a signal, until
+it is idle, or as several processes under one parent (:mod:`sa_jobs.cli.processes`)."""
 
 from __future__ import annotations
 
@@ -6,42 +7,188 @@ import argparse
 import importlib
 import logging
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
-from sa_jobs.cli.common import CommandError
+from sa_jobs.cli import processes, settings
+from sa_jobs.cli.common import CommandError, UsageError
+from sa_jobs.cli.settings import QueueSpec
 from sa_jobs.worker import Worker
 
-__all__ = ["add_command", "load_worker"]
+__all__ = ["add_command", "load_worker", "queues_from"]
 
-LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+log = logging.getLogger("sa_jobs.cli")
+
+SETTINGS = (
+    settings.URL,
+    settings.LOG_LEVEL,
+    settings.WORKER,
+    settings.QUEUES,
+    settings.CONCURRENCY,
+    settings.PROCESSES,
+    settings.UNTIL_IDLE,
+)
 
 
-def add_command(commands: Any) -> None:
+def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
     parser = commands.add_parser(
         "work",
-        help="run a worker until SIGTERM/SIGINT",
+        parents=[common],
+        help="run a worker until SIGTERM/SIGINT (or until idle)",
         description="Import MODULE (the current directory is on the path), take ATTRIBUTE — "
         "a sa_jobs.Worker, or a function of no arguments returning one — and run it until "
         "SIGTERM or SIGINT. A first signal lets running jobs finish; a second cancels them.",
     )
-    parser.add_argument("app", metavar="MODULE:ATTRIBUTE", help="e.g. myapp.jobs:worker")
     parser.add_argument(
-        "--log-level",
-        default="INFO",
-        type=str.upper,
-        choices=LOG_LEVELS,
-        help="logging level (default INFO)",
+        "app",
+        nargs="?",
+        default=argparse.SUPPRESS,
+        metavar="MODULE:ATTRIBUTE",
+        help="e.g. myapp.jobs:worker (default: $SA_JOBS_WORKER)",
     )
-    parser.set_defaults(run=_work)
+    parser.add_argument(
+        "-q",
+        "--queue",
+        dest="queues",
+        action="append",
+        type=settings.queue_spec,
+        default=argparse.SUPPRESS,
+        metavar="NAME[=N]",
+        help="work this queue, N of its jobs at once (repeatable; replaces the worker's own "
+        "queues; default: $SA_JOBS_QUEUES, e.g. mail=10,default=5)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=settings.positive_int,
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help="jobs at once for each queue named without =N; without -q, for each of the "
+        f"worker's queues (default: $SA_JOBS_CONCURRENCY, else {settings.DEFAULT_CONCURRENCY} "
+        "for -q NAME and the worker's own figures otherwise)",
+    )
+    parser.add_argument(
+        "--processes",
+        type=settings.positive_int,
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help="run N worker processes under this one, which passes them SIGTERM/SIGINT "
+        "(default: $SA_JOBS_PROCESSES, else 1)",
+    )
+    parser.add_argument(
+        "--until-idle",
+        action=argparse.BooleanOptionalAction,
+        default=argparse.SUPPRESS,
+        help="work every job that is due now, then exit 0 (default: $SA_JOBS_UNTIL_IDLE)",
+    )
+    # Given by a --processes parent to its children: they stop when it is gone.
+    parser.add_argument(
+        "--supervised-by", type=int, default=None, metavar="PID", help=argparse.SUPPRESS
+    )
+    parser.set_defaults(run=_work, settings=SETTINGS, default_log_level="INFO")
 
 
 def _work(options: argparse.Namespace) -> int:
-    logging.basicConfig(level=options.log_level, format=LOG_FORMAT)
+    if not options.app:
+        raise UsageError("name the worker: sa-jobs work MODULE:ATTRIBUTE, or set SA_JOBS_WORKER")
+    queues = queues_from(options.queues or (), options.concurrency)
+    if options.url:
+        # The worker's engine is the application's own; an app that builds it from this
+        # variable follows --url, and so do --processes children (they inherit it).
+        os.environ["SA_JOBS_DATABASE_URL"] = options.url
     worker = load_worker(options.app)
+    if queues:
+        worker.queues = queues
+    elif options.concurrency:
+        worker.queues = dict.fromkeys(worker.queues, options.concurrency)
+    if options.processes > 1:
+        return processes.supervise(
+            _child_command(options, worker.queues), options.processes, options.until_idle
+        )
+    if options.supervised_by:
+        processes.watch_parent(options.supervised_by)
+    if options.until_idle:
+        return _until_idle(worker)
     worker.run()
     return 0
+
+
+def queues_from(specs: Sequence[QueueSpec], concurrency: int | None) -> dict[str, int]:
+    """``-q`` values as the Worker's ``queues``; a queue named twice is a mistake.
+
+    Raises:
+        UsageError: a queue is named twice.
+    """
+    queues: dict[str, int] = {}
+    for name, figure in specs:
+        if name in queues:
+            raise UsageError(f"queue {name!r} is named twice in -q/$SA_JOBS_QUEUES; name it once")
+        queues[name] = figure or concurrency or settings.DEFAULT_CONCURRENCY
+    return queues
+
+
+def _child_command(options: argparse.Namespace, queues: dict[str, int]) -> list[str]:
+    """One child's command line: everything resolved, so the environment cannot differ
+    (and ``SA_JOBS_PROCESSES`` cannot make the child a parent in turn)."""
+    command = [sys.executable, "-m", "sa_jobs.cli", "work", options.app, "--processes", "1"]
+    command += ["--log-level", options.log_level or options.default_log_level]
+    command += ["--until-idle" if options.until_idle else "--no-until-idle"]
+    command += ["--supervised-by", str(os.getpid())]
+    for name, concurrency in queues.items():
+        command += ["-q", f"{name}={concurrency}"]
+    return command
+
+
+class _Interrupted(BaseException):
+    """SIGTERM/SIGINT during ``--until-idle``: unwinds run_until_idle, whose ``finally``
+    stops the worker the graceful way (a BaseException, so no handler swallows it).
+
+    Raised rather than calling ``worker.stop()``, because run_until_idle's loop does not
+    watch for a stop request and would keep polling a stopped run. A signal that lands
+    in the final ``stop()`` itself cuts that short; the worker's threads are daemons and
+    any outcome left unwritten is rescued later, as after a crash.
+    """
+
+
+def _until_idle(worker: Worker) -> int:
+    with _interruptible(worker):
+        try:
+            worker.run_until_idle(timeout=None)
+        except _Interrupted:
+            log.info("stopped before the queues were idle; what is left stays queued")
+    return 0
+
+
+@contextmanager
+def _interruptible(worker: Worker) -> Iterator[None]:
+    """The first signal interrupts the drain (running jobs finish), a second one cancels
+    the running jobs, as ``work`` without ``--until-idle`` does."""
+    signals = 0
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal signals
+        signals += 1
+        name = signal.Signals(signum).name
+        if signals == 1:
+            log.info("%s: finishing running jobs, then stopping", name)
+            raise _Interrupted
+        log.info("second %s: cancelling running jobs", name)
+        # From a thread: the main thread is inside stop() already, and stop(cancel=True)
+        # escalates that wait instead of waiting its turn.
+        threading.Thread(target=worker.stop, kwargs={"cancel": True}, daemon=True).start()
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def load_worker(spec: str) -> Worker:
