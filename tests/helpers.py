@@ -489,6 +489,11 @@ def _run_of(worker: Worker) -> WorkerRun:
     return run
 
 
+def fetching_stopped(worker: Worker) -> bool:
+    """Whether a stop has reached the running worker's producers."""
+    return _run_of(worker).stopping_fetch.is_set()
+
+
 def worker_service(worker: Worker, name: str) -> Service:
     """A background service of a running worker: ``"maintenance"``, ``"notifier"``,
     ``"completer"`` (the batch one), ``"watchdog"`` or ``"producer:QUEUE"``."""

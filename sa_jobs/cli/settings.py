@@ -21,7 +21,7 @@ import attrs
 
 from sa_jobs.cli.common import Parser, UsageError
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.options import check_queue
+from sa_jobs.option_checks import check_queue
 
 __all__ = [
     "CONCURRENCY",

@@ -7,11 +7,8 @@ import argparse
 import importlib
 import logging
 import os
-import signal
 import sys
-import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 from sa_jobs.cli import processes, settings
@@ -142,53 +139,11 @@ def _child_command(options: argparse.Namespace, queues: dict[str, int]) -> list[
     return command
 
 
-class _Interrupted(BaseException):
-    """SIGTERM/SIGINT during ``--until-idle``: unwinds run_until_idle, whose ``finally``
-    stops the worker the graceful way (a BaseException, so no handler swallows it).
-
-    Raised rather than calling ``worker.stop()``, because run_until_idle's loop does not
-    watch for a stop request and would keep polling a stopped run. A signal that lands
-    in the final ``stop()`` itself cuts that short; the worker's threads are daemons and
-    any outcome left unwritten is rescued later, as after a crash.
-    """
-
-
 def _until_idle(worker: Worker) -> int:
-    with _interruptible(worker):
-        try:
-            worker.run_until_idle(timeout=None)
-        except _Interrupted:
-            log.info("stopped before the queues were idle; what is left stays queued")
+    # run_until_idle handles SIGTERM/SIGINT itself: the first lets running jobs finish
+    # and returns, a second cancels them; either way the rest stays queued.
+    worker.run_until_idle(timeout=None)
     return 0
-
-
-@contextmanager
-def _interruptible(worker: Worker) -> Iterator[None]:
-    """The first signal interrupts the drain (running jobs finish), a second one cancels
-    the running jobs, as ``work`` without ``--until-idle`` does."""
-    signals = 0
-
-    def on_signal(signum: int, _frame: object) -> None:
-        nonlocal signals
-        signals += 1
-        name = signal.Signals(signum).name
-        if signals == 1:
-            log.info("%s: finishing running jobs, then stopping", name)
-            raise _Interrupted
-        log.info("second %s: cancelling running jobs", name)
-        # From a thread: the main thread is inside stop() already, and stop(cancel=True)
-        # escalates that wait instead of waiting its turn.
-        threading.Thread(target=worker.stop, kwargs={"cancel": True}, daemon=True).start()
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def load_worker(spec: str) -> Worker:

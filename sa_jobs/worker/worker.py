@@ -256,7 +256,10 @@ class Worker:
         """Work every job that is due now in this worker's queues, then stop.
 
         Scheduled and retryable jobs that become due meanwhile are worked too; jobs due
-        later are left alone. Meant for tests and scripts; can be called again.
+        later are left alone. Meant for tests and scripts; can be called again. It
+        returns early, gracefully, on :meth:`stop` from another thread or — called from
+        the main thread — on SIGTERM/SIGINT, as :meth:`run` does (a second signal
+        cancels the running jobs); what is left stays queued.
 
         Raises:
             TimeoutError: still busy after ``timeout`` seconds (the worker is stopped).
@@ -265,19 +268,22 @@ class Worker:
         run = self._run
         assert run is not None
         deadline = None if timeout is None else time.monotonic() + timeout
+        stop_requested = run.stop_requested
         try:
-            while True:
-                with self.engine.begin() as connection:
-                    promoted = run.maintenance.make_due_jobs_available(connection)
-                run.wake_all()
-                while not run.idle():
-                    if deadline is not None and time.monotonic() > deadline:
-                        raise TimeoutError(f"worker still busy after {timeout} s")
-                    time.sleep(0.002)
-                if not promoted and not self._due_work_left():
-                    return
+            with self._signals_stop(run):
+                while not stop_requested.is_set():
+                    with self.engine.begin() as connection:
+                        promoted = run.maintenance.make_due_jobs_available(connection)
+                    run.wake_all()
+                    while not run.idle() and not stop_requested.is_set():
+                        if deadline is not None and time.monotonic() > deadline:
+                            raise TimeoutError(f"worker still busy after {timeout} s")
+                        stop_requested.wait(0.002)
+                    if not promoted and not self._due_work_left():
+                        return
+                log.info("stopped before the queues were idle; what is left stays queued")
         finally:
-            self.stop()
+            self.stop(cancel=run.cancel_requested.is_set())
 
     def stop(
         self,

@@ -13,6 +13,7 @@ from sa_jobs import Job, JobState
 from sa_jobs.errors import InvalidOptionsError
 from tests.helpers import (
     add_job,
+    fetching_stopped,
     make_worker,
     wait_for_state,
     wait_until,
@@ -124,3 +125,32 @@ def test_stop_called_while_start_is_starting_stops_it_cleanly(engine: Engine) ->
     finally:
         worker.stop()
     wait_until(lambda: not worker.is_running)
+
+
+def test_run_until_idle_returns_when_stopped_from_another_thread(engine: Engine) -> None:
+    """A script's drain can be stopped (by a signal handler or another thread): running
+    jobs finish, the rest stays queued, and run_until_idle returns instead of polling
+    a stopped worker."""
+    release = threading.Event()
+    started = threading.Event()
+    worker = make_worker(engine, queues={"default": 1})
+
+    @worker.handler(Step)
+    def step(job: Job[Step]) -> None:
+        started.set()
+        release.wait(10)
+
+    first = add_job(engine, Step(1))
+    second = add_job(engine, Step(2))
+    drain = threading.Thread(target=worker.run_until_idle, kwargs={"timeout": 30})
+    drain.start()
+    assert started.wait(5)
+    stopper = threading.Thread(target=worker.stop)
+    stopper.start()
+    wait_until(lambda: fetching_stopped(worker), what="the stop to reach the producers")
+    release.set()
+    drain.join(10)
+    stopper.join(10)
+    assert not drain.is_alive(), "run_until_idle kept polling a stopped worker"
+    assert wait_for_state(engine, first, JobState.COMPLETED)
+    assert wait_for_state(engine, second, JobState.AVAILABLE)
