@@ -103,8 +103,9 @@ class Worker:
         self.engines = WorkerEngines(engine, sync_engine=sync_engine, async_engine=async_engine)
         #: The engine of the worker's threads (the given one, unless that is async).
         self.engine: Engine = self.engines.sync
+        self._run: WorkerRun | None = None
+        self._stuck_limit_given = stuck_thread_limit
         self.queues = dict(queues if queues is not None else {"default": 10})
-        _check_queues(self.queues)
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         if retry_policy is not None and not callable(getattr(retry_policy, "next_delay", None)):
             raise InvalidOptionsError(
@@ -120,7 +121,6 @@ class Worker:
             )
         self.completer_kind: Literal["batch", "inline"] = completer
         self.interrupt_grace = _positive("interrupt_grace", interrupt_grace)
-        total = sum(self.queues.values())
         if stuck_thread_limit is not None and (
             isinstance(stuck_thread_limit, bool)
             or not isinstance(stuck_thread_limit, int)
@@ -129,9 +129,25 @@ class Worker:
             raise InvalidOptionsError(
                 "stuck_thread_limit", f"must be an int of at least 0, got {stuck_thread_limit!r}"
             )
-        self.stuck_thread_limit = total if stuck_thread_limit is None else stuck_thread_limit
+        if stuck_thread_limit is not None:
+            self.stuck_thread_limit = stuck_thread_limit
         self._lifecycle = threading.Lock()
-        self._run: WorkerRun | None = None
+
+    @property
+    def queues(self) -> dict[str, int]:
+        """Queue name to concurrency. Settable while the worker is stopped (the command
+        line's ``-q`` does); the default ``stuck_thread_limit`` follows the total."""
+        return self._queues
+
+    @queues.setter
+    def queues(self, queues: Mapping[str, int]) -> None:
+        if self._run is not None:
+            raise InvalidOptionsError("queues", "cannot change while the worker runs; stop() it")
+        checked = dict(queues)
+        _check_queues(checked)
+        self._queues = checked
+        if self._stuck_limit_given is None:
+            self.stuck_thread_limit = sum(checked.values())
 
     # ------------------------------------------------------------------ registration
 

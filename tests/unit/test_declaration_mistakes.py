@@ -250,3 +250,19 @@ def test_a_handler_annotated_for_another_args_class_is_refused_at_registration()
         if loose is not None:
             handler.__annotations__["job"] = loose
         other.handler(Email)(handler)
+
+
+def test_queues_are_checked_when_set_and_the_default_stuck_limit_follows_them() -> None:
+    engine = create_engine("postgresql+psycopg://localhost/app")
+    worker = sa_jobs.Worker(engine, queues={"default": 2})
+    assert worker.stuck_thread_limit == 2
+    worker.queues = {"mail": 10, "default": 5}  # what `sa-jobs work -q` does
+    assert worker.queues == {"mail": 10, "default": 5}
+    assert worker.stuck_thread_limit == 15
+    with pytest.raises(InvalidOptionsError, match="concurrency of queue 'mail'"):
+        worker.queues = {"mail": 0}
+    assert worker.queues == {"mail": 10, "default": 5}  # unchanged by the refusal
+
+    chosen = sa_jobs.Worker(engine, queues={"default": 2}, stuck_thread_limit=1)
+    chosen.queues = {"default": 50}
+    assert chosen.stuck_thread_limit == 1  # a limit the user chose stays
