@@ -24,6 +24,8 @@ import attrs
 from sqlalchemy import URL, create_engine, make_url, text
 from sqlalchemy.exc import OperationalError
 
+from sa_jobs.urls import ASYNC_FORMS, SYNC_FORMS, in_driver
+
 __all__ = ["Server", "find_server", "throwaway_database"]
 
 LOCAL_SERVER_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
@@ -48,12 +50,19 @@ class Server:
             self._stop = None
 
 
+# postgresql (no driver) and the drivers sa_jobs supports; psycopg 3 speaks for each.
+_KNOWN_DRIVERS = frozenset({"psycopg2", "pg8000", *SYNC_FORMS, *ASYNC_FORMS.values()})
+
+
 def normalize_url(raw: str) -> URL:
-    """Accept ``postgres://`` and ``postgresql://`` URLs and use the psycopg 3 driver."""
+    """Accept ``postgres://``, ``postgresql://`` and any supported driver's URL (an
+    async app's ``postgresql+asyncpg://`` included) and use the psycopg 3 driver."""
     url = make_url(raw)
-    if url.drivername in ("postgres", "postgresql", "postgresql+psycopg2"):
-        url = url.set(drivername="postgresql+psycopg")
-    return url
+    if url.drivername == "postgres":
+        url = url.set(drivername="postgresql")
+    if url.get_backend_name() != "postgresql" or url.get_driver_name() not in _KNOWN_DRIVERS:
+        return url  # SQLAlchemy's own error names what it does not know
+    return in_driver(url, "psycopg")
 
 
 def find_server(*, allow_embedded: bool = True) -> Server:

@@ -21,8 +21,9 @@ from alembic.config import Config
 from sqlalchemy import Connection, Engine, event, func, select, text
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import ProgrammingError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from sa_jobs.errors import SchemaManagedElsewhereError, SchemaMissingError
+from sa_jobs.errors import InvalidOptionsError, SchemaManagedElsewhereError, SchemaMissingError
 
 __all__ = ["BRANCHES", "CORE_BRANCH", "VERSION_TABLE", "Features", "downgrade", "migrate"]
 
@@ -108,6 +109,14 @@ def downgrade(bind: Engine | Connection, target: str) -> None:
 
 @contextlib.contextmanager
 def _locked_connection(bind: Engine | Connection) -> Iterator[Connection]:
+    if isinstance(bind, AsyncEngine | AsyncConnection):
+        # Alembic is sync; SQLAlchemy's bridge runs it on an async connection.
+        raise InvalidOptionsError(
+            "bind",
+            "migrate()/downgrade() take a sync Engine or Connection; with an AsyncEngine "
+            "run `async with engine.begin() as connection: await "
+            "connection.run_sync(sa_jobs.migrate)`, or use `sa-jobs migrate`",
+        )
     if isinstance(bind, Connection):
         bind.execute(select(func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
         yield bind

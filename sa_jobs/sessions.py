@@ -11,7 +11,9 @@ checks and the transaction are exactly those of the sync call::
     result = sa_jobs.insert(session, SendEmail(...))              # Session
     result = await sa_jobs.insert(async_session, SendEmail(...))  # AsyncSession
 
-The :class:`EitherSession` protocol carries the overloads, so mypy sees a plain result
+A ``scoped_session`` (Flask-SQLAlchemy's ``db.session``) counts as a ``Session`` and an
+``async_scoped_session`` as an ``AsyncSession``. The :class:`EitherSession` protocol
+carries the overloads, so mypy sees a plain result
 for a ``Session`` and an awaitable for an ``AsyncSession`` — with the wrapped function's
 own parameters checked either way.
 """
@@ -23,7 +25,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar, cast, overload
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, scoped_session
 
 __all__ = ["EitherSession", "either_session"]
 
@@ -37,11 +39,17 @@ class EitherSession(Protocol[P, R_co]):
     (returns an awaitable of it)."""
 
     @overload
-    def __call__(self, session: Session, /, *args: P.args, **kwargs: P.kwargs) -> R_co: ...
+    def __call__(
+        self, session: Session | scoped_session[Any], /, *args: P.args, **kwargs: P.kwargs
+    ) -> R_co: ...
 
     @overload
     def __call__(
-        self, session: AsyncSession, /, *args: P.args, **kwargs: P.kwargs
+        self,
+        session: AsyncSession | async_scoped_session[Any],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
     ) -> Coroutine[Any, Any, R_co]: ...
 
 
@@ -49,7 +57,10 @@ def either_session(function: Callable[Concatenate[Session, P], R]) -> EitherSess
     """Make ``function(session, ...)`` accept an ``AsyncSession`` too (see the module)."""
 
     @functools.wraps(function)
-    def call(session: Any, /, *args: P.args, **kwargs: P.kwargs) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        # ``session=`` by keyword keeps working at run time (type checkers see it
+        # positional-only, as the overloads must be).
+        session, args = (args[0], args[1:]) if args else (kwargs.pop("session", None), ())
         if isinstance(session, async_scoped_session):
             session = session()  # the task's AsyncSession
         if isinstance(session, AsyncSession):

@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 import sa_jobs
-from examples.fastapi_app.models import SendWelcomeEmail, Signup, engine_from_env
+from examples.fastapi_app.models import SendWelcomeEmail, Signup, database_url, engine_from_env
 from examples.fastapi_app.worker import build_worker
 
 
@@ -83,7 +83,7 @@ def create_app(engine: AsyncEngine, *, run_worker: bool = False) -> FastAPI:
 
 
 def _app_from_env() -> FastAPI | None:
-    if "DATABASE_URL" not in os.environ:
+    if database_url() is None:
         return None  # imported by the tests, which build their own
     return create_app(engine_from_env(), run_worker=os.environ.get("RUN_WORKER") == "1")
 

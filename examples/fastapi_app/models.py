@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from sqlalchemy import String
+from sqlalchemy import String, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -28,7 +28,12 @@ class SendWelcomeEmail:
     signup_id: int
 
 
+def database_url() -> str | None:
+    """``$SA_JOBS_DATABASE_URL`` (what ``sa-jobs work --url`` sets) or ``$DATABASE_URL``."""
+    return os.environ.get("SA_JOBS_DATABASE_URL") or os.environ.get("DATABASE_URL")
+
+
 def engine_from_env() -> AsyncEngine:
-    """``DATABASE_URL`` as an asyncpg engine (``postgresql://`` works too)."""
-    url = os.environ["DATABASE_URL"].replace("postgresql://", "postgresql+asyncpg://", 1)
-    return create_async_engine(url)
+    """The database URL as an asyncpg engine (``postgresql://`` works too)."""
+    url = make_url(database_url() or "postgresql://localhost/myapp")
+    return create_async_engine(url.set(drivername="postgresql+asyncpg"))

@@ -5,12 +5,10 @@ sa-jobs work examples.fastapi_app.worker:worker     # DATABASE_URL=postgresql+as
 
 from __future__ import annotations
 
-import os
-
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 import sa_jobs
-from examples.fastapi_app.models import SendWelcomeEmail, Signup, engine_from_env
+from examples.fastapi_app.models import SendWelcomeEmail, Signup, database_url, engine_from_env
 
 #: What the "mailer" sent, newest last (a real app would call its email service).
 OUTBOX: list[str] = []
@@ -30,4 +28,4 @@ def build_worker(engine: AsyncEngine) -> sa_jobs.Worker:
     return worker
 
 
-worker = build_worker(engine_from_env()) if "DATABASE_URL" in os.environ else None
+worker = build_worker(engine_from_env()) if database_url() else None

@@ -33,8 +33,8 @@ from typing import Any, overload
 
 import attrs
 from sqlalchemy import func, select, update
-from sqlalchemy.ext.asyncio import AsyncSession
-from sqlalchemy.orm import Session
+from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session
+from sqlalchemy.orm import Session, scoped_session
 
 from sa_jobs.complete import Outcome, complete_in, finish_in
 from sa_jobs.models import Job
@@ -120,7 +120,7 @@ class MaxRunsExceededError(AssertionError):
 
 @overload
 def run_jobs(
-    session: Session,
+    session: Session | scoped_session[Any],
     worker: Worker,
     *,
     queues: Iterable[str] | None = ...,
@@ -129,7 +129,7 @@ def run_jobs(
 ) -> RunSummary: ...
 @overload
 def run_jobs(
-    session: AsyncSession,
+    session: AsyncSession | async_scoped_session[Any],
     worker: Worker,
     *,
     queues: Iterable[str] | None = ...,
@@ -137,7 +137,7 @@ def run_jobs(
     max_runs: int = ...,
 ) -> Awaitable[RunSummary]: ...
 def run_jobs(
-    session: Session | AsyncSession,
+    session: Session | AsyncSession | scoped_session[Any] | async_scoped_session[Any],
     worker: Worker,
     *,
     queues: Iterable[str] | None = None,
@@ -180,6 +180,9 @@ def run_jobs(
     if isinstance(queues, str):
         raise TypeError(f"queues must be queue names, e.g. queues=[{queues!r}], got {queues!r}")
     runner = _Runner(worker, list(worker.queues if queues is None else queues), max_runs)
+    # A scoped session (Flask-SQLAlchemy's db.session) stands for the session it holds.
+    if isinstance(session, async_scoped_session | scoped_session):
+        session = session()
     if isinstance(session, AsyncSession):
         return runner.run_async(session, scheduled)
     if isinstance(session, Session):

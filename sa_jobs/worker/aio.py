@@ -60,7 +60,7 @@ class EventLoopThread:
                 raise  # the user's own engine: its error is the one to see
             raise InvalidOptionsError(
                 "sync_engine",
-                f"{engines.describe_sync()} cannot reach the database ({describe(exc)}); "
+                f"{engines.describe_sync()} cannot reach the database ({_first_line(exc)}); "
                 "pass Worker(your_async_engine, sync_engine=create_engine(...)) built like it",
             ) from exc
         where = engines.describe_async()
@@ -69,7 +69,7 @@ class EventLoopThread:
         except Exception as exc:
             raise InvalidOptionsError(
                 "async_engine",
-                f"{where} cannot reach the database ({describe(exc)}); pass one built like "
+                f"{where} cannot reach the database ({_first_line(exc)}); pass one built like "
                 "your engine: Worker(..., async_engine=create_async_engine(...))",
             ) from exc
         if found != expected:
@@ -81,11 +81,15 @@ class EventLoopThread:
                 option, odd, other = "async_engine", where, engines.describe_sync()
                 databases = (found[1], expected[1])
                 fix = "Worker(engine, async_engine=create_async_engine(...)) built like it"
+            where_to = (
+                f"another database than {other} ({databases[0]!r} vs {databases[1]!r})"
+                if databases[0] != databases[1]
+                else f"another sa_job table than {other} (a different search_path or role)"
+            )
             raise InvalidOptionsError(
                 option,
-                f"{odd} reaches another database than {other} ({databases[0]!r} vs "
-                f"{databases[1]!r}); a derived engine cannot copy creator= or connect_args, "
-                f"so pass {fix}",
+                f"{odd} reaches {where_to}; a derived engine cannot copy creator=, "
+                f"connect_args or server settings, so pass {fix}",
             )
 
     def call(self, coroutine: Coroutine[Any, Any, Any], timeout: float) -> Any:
@@ -103,3 +107,8 @@ class EventLoopThread:
             self._thread.join(timeout)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    # SQLAlchemy appends a "Background on this error" paragraph; one line says enough.
+    return describe(exc).splitlines()[0]

@@ -26,35 +26,33 @@ from sqlalchemy import Connection, Engine, create_engine, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from sa_jobs.errors import InvalidOptionsError
+from sa_jobs.urls import ASYNC_FORMS, SYNC_FORMS, in_driver
 
 __all__ = [
-    "ASYNC_FORMS",
-    "SYNC_FORMS",
     "WorkerEngines",
     "async_identity",
     "database_identity",
     "own_pool",
 ]
 
-#: The async driver a sync engine's URL is switched to for async handlers' sessions.
-ASYNC_FORMS = {
-    "psycopg": "psycopg_async",
-    "psycopg2": "psycopg_async",
-    "pg8000": "psycopg_async",
-}
-#: The sync driver an async engine's URL is switched to for the worker's own threads.
-#: (An async psycopg engine's dialect calls its driver ``psycopg`` too.)
-SYNC_FORMS = {"asyncpg": "psycopg", "psycopg": "psycopg", "psycopg_async": "psycopg"}
 
+# A derived engine serves the worker alone: its pool keeps a few connections and opens
+# more as the worker's concurrency needs (never more than it has handlers running, plus
+# its own threads), so session handlers never wait on a pool sized for someone else.
+_DERIVED_POOL: dict[str, Any] = {"pool_size": 5, "max_overflow": -1, "pool_pre_ping": True}
+
+# The last column is the sa_job table unqualified names reach: two engines on one
+# database with different search_paths would otherwise work different tables.
 _IDENTITY = text(
     "SELECT pg_postmaster_start_time(), current_database(), current_user, "
-    "(SELECT oid FROM pg_database WHERE datname = current_database())"
+    "(SELECT oid FROM pg_database WHERE datname = current_database()), "
+    "to_regclass('sa_job')::oid"
 )
 
 
 def database_identity(connection: Connection) -> tuple[Any, ...]:
-    """What tells one database apart from every other: its server's start, name, oid, and
-    the role we are."""
+    """What tells one database apart from every other — its server's start, name, oid,
+    the role we are — and which ``sa_job`` table (schema) it resolves to."""
     return tuple(connection.execute(_IDENTITY).one())
 
 
@@ -83,10 +81,6 @@ def own_pool(engine: AsyncEngine) -> AsyncEngine:
         execution_options=sync.get_execution_options(),
     )
     return AsyncEngine(copy)
-
-
-def _switch_driver(url: Any, driver: str) -> Any:
-    return url.set(drivername=f"{url.get_backend_name()}+{driver}")
 
 
 class WorkerEngines:
@@ -151,7 +145,7 @@ class WorkerEngines:
                 f"sa_jobs does not know a sync form of the {driver} driver; pass "
                 "Worker(async_engine_of_yours, sync_engine=create_engine(...))",
             )
-        return create_engine(_switch_driver(given.url, sync_driver))
+        return create_engine(in_driver(given.url, sync_driver), **_DERIVED_POOL)
 
     @property
     def async_problem(self) -> str | None:
@@ -191,7 +185,9 @@ class WorkerEngines:
                 async_driver = ASYNC_FORMS.get(driver)
                 if async_driver is None:
                     raise InvalidOptionsError("async_engine", self.async_problem or driver)
-                self._async = create_async_engine(_switch_driver(self.sync.url, async_driver))
+                self._async = create_async_engine(
+                    in_driver(self.sync.url, async_driver), **_DERIVED_POOL
+                )
         return self._async
 
     def forget_async(self) -> AsyncEngine | None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import inspect
 import logging
 import threading
 import time
@@ -274,7 +275,7 @@ def run_sync(execution: Execution, engine: Engine) -> None:
         handler = prepare(execution)
         if handler.wants_session:
             with Session(engine) as session, session.begin():
-                handler.function(execution.job, session)
+                _sync_result(handler.function(execution.job, session))
                 claimed = execution.try_finish()
                 if not claimed:
                     raise _Superseded
@@ -283,7 +284,7 @@ def run_sync(execution: Execution, engine: Engine) -> None:
                 complete_in(session, execution.job)
             execution.settle(None)
             return
-        handler.function(execution.job)
+        _sync_result(handler.function(execution.job))
         outcome = execution.outcome_for_return()
     except _Superseded:
         return
@@ -291,6 +292,19 @@ def run_sync(execution: Execution, engine: Engine) -> None:
         outcome = execution.outcome_for_exception(exc)
     if claimed or execution.try_finish():
         execution.settle(outcome)
+
+
+def _sync_result(result: object) -> None:
+    """A sync handler that returns an awaitable (a plain wrapper around an ``async def``)
+    did not do its work: calling it only made a coroutine. Fail the attempt, loudly,
+    rather than complete a job whose handler never ran."""
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()  # never awaited, on purpose: no "never awaited" warning
+        raise TypeError(
+            "the handler returned an awaitable instead of doing its work; declare the "
+            "handler itself `async def` (a sync wrapper around an async function hides it)"
+        )
 
 
 async def run_async(execution: Execution, async_engine: Callable[[], AsyncEngine]) -> None:

@@ -8,8 +8,8 @@ A handler's signature is checked when it is registered, so a mistake surfaces at
   any other required parameter is refused;
 * an ``async def`` handler that takes a session needs an async engine, which the worker
   must be able to provide (see :mod:`sa_jobs.worker.aio`);
-* a handler whose job parameter is annotated ``Job[X]`` is registered for ``X`` (or a
-  subclass of it);
+* a handler whose job parameter is annotated ``Job[X]`` is registered for ``X`` itself
+  (``Job`` is invariant, as mypy sees it too);
 * a kind has one handler per worker.
 """
 
@@ -152,7 +152,7 @@ def _check_job_annotation(function: Callable[..., Any], args_class: type) -> Non
     (declared,) = typing.get_args(annotation)
     if declared is Any or isinstance(declared, typing.TypeVar):
         return
-    if not (isinstance(declared, type) and issubclass(args_class, declared)):
+    if declared is not args_class:
         raise InvalidOptionsError(
             "handler",
             f"{_name(function)} is registered for {args_class.__name__} jobs but its job "

@@ -21,10 +21,12 @@ import logging
 import select
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import psycopg
 from sqlalchemy import Engine
+
+if TYPE_CHECKING:
+    import psycopg
 
 from sa_jobs.error_records import describe
 from sa_jobs.schema import CONTROL_CHANNEL, INSERT_CHANNEL
@@ -81,6 +83,10 @@ class _Psycopg2(Listener):
 
 
 def _listener(driver: str, connection: Any) -> Listener:
+    # psycopg is imported here, not at the top: an app on asyncpg can import sa_jobs on
+    # a machine without libpq.
+    import psycopg
+
     if driver == "psycopg" and isinstance(connection, psycopg.Connection):
         return _Psycopg3(connection)
     if driver == "psycopg2":
@@ -142,17 +148,24 @@ class Notifier(Service):
                         self._dispatch(channel, payload)
                     self.passed()
             except Exception as exc:
+                self.connected.clear()
+                # A lost connection is invalidated, not closed: closing would first try
+                # to reset it, and log that failure as an error.
+                with contextlib.suppress(Exception):
+                    pooled.invalidate()
                 self._log_failure("listen connection lost", exc)
                 self.stopping.wait(self._backoff.next_wait())
-            finally:
+            else:
                 self.connected.clear()
-                # A dead connection may fail to close; it is gone anyway.
-                with contextlib.suppress(Exception):
+                with contextlib.suppress(Exception):  # the server may be gone already
                     pooled.close()
 
-    @staticmethod
-    def _log_failure(what: str, exc: Exception) -> None:
-        transient = is_transient(exc) or isinstance(exc, psycopg.OperationalError)
+    def _log_failure(self, what: str, exc: Exception) -> None:
+        # The listener talks to the driver directly, so its errors are the driver's own.
+        driver_error = getattr(self._engine.dialect.dbapi, "OperationalError", None)
+        transient = is_transient(exc) or (
+            driver_error is not None and isinstance(exc, driver_error)
+        )
         level = logging.WARNING if transient else logging.ERROR
         log.log(level, "%s (%s); reconnecting", what, describe(exc))
 

@@ -20,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Literal, TypeAlias, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, cast, overload
 
 from sqlalchemy import Engine, exists, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
@@ -40,14 +40,30 @@ from sa_jobs.worker.run import SHUTDOWN_FLUSH_TIMEOUT, WorkerRun
 __all__ = ["Worker"]
 
 log = logging.getLogger("sa_jobs.worker")
+F = TypeVar("F", bound=Callable[..., Any])
 A = TypeVar("A")
-#: A handler of ``A`` jobs as mypy checks it: ``(job)`` or ``(job, session)``, sync or
-#: async (an async one returns an awaitable, which is an ``object`` too).
-HandlerFunction: TypeAlias = (
-    Callable[[Job[A]], object]
-    | Callable[[Job[A], Session], object]
-    | Callable[[Job[A], AsyncSession], object]
-)
+R = TypeVar("R")
+
+
+class Register(Protocol[A]):
+    """What ``@worker.handler(Args)`` returns, as mypy sees it: it takes a handler of
+    ``Job[Args]`` — ``(job)`` or ``(job, session)``, sync or async — and gives it back
+    with its own type, so a decorated handler can still be called (say, in a unit test).
+    """
+
+    @overload
+    def __call__(self, handler: Callable[[Job[A]], R], /) -> Callable[[Job[A]], R]: ...
+
+    @overload
+    def __call__(
+        self, handler: Callable[[Job[A], Session], R], /
+    ) -> Callable[[Job[A], Session], R]: ...
+
+    @overload
+    def __call__(
+        self, handler: Callable[[Job[A], AsyncSession], R], /
+    ) -> Callable[[Job[A], AsyncSession], R]: ...
+
 
 DEFAULT_JOB_TIMEOUT = dt.timedelta(minutes=1)
 
@@ -157,7 +173,7 @@ class Worker:
         *,
         timeout: dt.timedelta | float | None = UNSET,
         retry_policy: RetryPolicy | None = None,
-    ) -> Callable[[HandlerFunction[A]], HandlerFunction[A]]:
+    ) -> Register[A]:
         """Register the decorated function for jobs of ``args_class``'s kind.
 
         The function takes ``(job)`` or ``(job, session)``; with a ``session`` the worker
@@ -168,11 +184,15 @@ class Worker:
         (mypy checks the same statically).
         """
 
-        def register(function: HandlerFunction[A]) -> HandlerFunction[A]:
+        def register(function: F) -> F:
+            if self._run is not None:
+                raise InvalidOptionsError(
+                    "handler", "cannot be registered while the worker runs; stop() it first"
+                )
             self.handlers.register(args_class, function, timeout=timeout, retry_policy=retry_policy)
             return function
 
-        return register
+        return cast(Register[A], register)
 
     def _async_session_problem(self) -> str | None:
         return self.engines.async_problem
@@ -243,8 +263,14 @@ class Worker:
         await asyncio.to_thread(self.stop, cancel, timeout, flush_timeout=flush_timeout)
 
     async def run_until_idle_async(self, timeout: float | None = 60.0) -> None:
-        """:meth:`run_until_idle` without blocking the caller's event loop."""
-        await asyncio.to_thread(self.run_until_idle, timeout)
+        """:meth:`run_until_idle` without blocking the caller's event loop. Cancelling
+        the awaiting task stops the worker (gracefully) before the cancellation goes on."""
+        try:
+            await asyncio.to_thread(self.run_until_idle, timeout)
+        except asyncio.CancelledError:
+            # The thread would otherwise drain on, unseen, after the task is gone.
+            await asyncio.to_thread(self.stop)
+            raise
 
     async def __aenter__(self) -> Worker:
         """``async with worker:`` starts it and stops it (gracefully) on the way out."""
@@ -262,7 +288,8 @@ class Worker:
         """
         self.start()
         run = self._run
-        assert run is not None
+        if run is None:  # stop() from another thread got in first
+            return
         with self._signals_stop(run):
             while not run.stop_requested.wait(0.2):
                 pass
@@ -282,7 +309,8 @@ class Worker:
         """
         self.start()
         run = self._run
-        assert run is not None
+        if run is None:  # stop() from another thread got in first
+            return
         deadline = None if timeout is None else time.monotonic() + timeout
         stop_requested = run.stop_requested
         try:

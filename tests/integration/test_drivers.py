@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -16,19 +17,26 @@ from typing import Any, TypeVar
 
 import asyncpg
 import pytest
-from sqlalchemy import URL, Engine, create_engine, select, text
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
-from sqlalchemy.orm import Session
+from sqlalchemy import URL, Engine, create_engine, func, select, text
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_scoped_session,
+    async_sessionmaker,
+    create_async_engine,
+)
+from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 import sa_jobs
 from sa_jobs import InsertAction, Job, JobState, RemoveOutcome, UniqueOpts
-from sa_jobs.devdb import Server
+from sa_jobs.devdb import Server, throwaway_database
 from sa_jobs.errors import InvalidOptionsError
 from tests.helpers import (
     AN_HOUR,
     add_job,
     cancel,
     effects,
+    engine_at,
     get_job,
     make_worker,
     migrated_database,
@@ -37,6 +45,7 @@ from tests.helpers import (
     same_transaction,
     wait_for_state,
     wait_listening,
+    wait_until,
     write_effect,
     write_effect_async,
 )
@@ -341,6 +350,49 @@ def test_an_engine_derived_from_an_async_engine_must_reach_its_database(
         asyncio.run(async_engine.dispose())
 
 
+def test_an_async_app_migrates_through_run_sync_and_is_told_how_otherwise(
+    pg_server: Server,
+) -> None:
+    with throwaway_database(pg_server, prefix="sa_jobs_test_async_migrate") as url:
+        async_engine = create_async_engine(url.set(drivername="postgresql+asyncpg"))
+
+        async def migrate() -> int:
+            with pytest.raises(InvalidOptionsError, match=r"run_sync\(sa_jobs.migrate\)"):
+                sa_jobs.migrate(async_engine)  # type: ignore[arg-type]
+            async with async_engine.begin() as connection:
+                await connection.run_sync(sa_jobs.migrate)
+            async with AsyncSession(async_engine) as session, session.begin():
+                job_id = (await sa_jobs.insert(session, Plain(1))).job.id
+            await async_engine.dispose()
+            return job_id
+
+        assert asyncio.run(migrate()) >= 1
+
+
+def test_asyncpg_url_settings_are_translated_for_the_derived_engine(
+    database_url: URL, engine: Engine
+) -> None:
+    """asyncpg's own URL settings (ssl=, a statement cache size for PgBouncer, a command
+    timeout) mean nothing to libpq; the worker's derived psycopg engine translates or
+    drops them instead of failing to connect."""
+    url = database_url.set(
+        drivername="postgresql+asyncpg",
+        query={"ssl": "disable", "prepared_statement_cache_size": "0", "command_timeout": "5"},
+    )
+    async_engine = create_async_engine(url)
+    worker = make_worker(async_engine)
+    assert dict(worker.engine.url.query) == {"sslmode": "disable"}
+
+    @worker.handler(Plain)
+    def plain(job: Job[Plain]) -> None:
+        pass
+
+    job_id = add_job(engine, Plain(1))
+    worker.run_until_idle(timeout=20)
+    assert get_job(engine, job_id).state is JobState.COMPLETED
+    asyncio.run(async_engine.dispose())
+
+
 def test_engine_options_of_the_wrong_kind_are_refused_with_what_to_pass(engine: Engine) -> None:
     with pytest.raises(InvalidOptionsError, match="Engine or AsyncEngine"):
         sa_jobs.Worker("postgresql://localhost/app")  # type: ignore[arg-type]
@@ -348,3 +400,136 @@ def test_engine_options_of_the_wrong_kind_are_refused_with_what_to_pass(engine: 
         sa_jobs.Worker(engine, sync_engine=engine)
     with pytest.raises(InvalidOptionsError, match="async_engine: must be a AsyncEngine"):
         sa_jobs.Worker(engine, async_engine=engine)  # type: ignore[arg-type]
+
+
+def test_an_engine_on_another_schema_of_the_same_database_is_refused(
+    pg_server: Server,
+) -> None:
+    """The app's asyncpg engine works schema ``app`` (its search_path); ``public`` holds
+    sa_jobs tables too. The derived sync engine would work ``public``: same server,
+    database and role, yet another table — the worker refuses to start."""
+    with throwaway_database(pg_server, prefix="sa_jobs_test_schemas") as url:
+        with engine_at(url) as setup, setup.begin() as connection:
+            connection.execute(text("CREATE SCHEMA app"))
+        for options in ({}, {"options": "-c search_path=app"}):
+            with engine_at(url, connect_args=options) as setup:
+                sa_jobs.migrate(setup)
+        app_engine = create_async_engine(
+            url.set(drivername="postgresql+asyncpg"),
+            connect_args={"server_settings": {"search_path": "app"}},
+        )
+        worker = make_worker(app_engine)
+
+        @worker.handler(Plain)
+        def plain(job: Job[Plain]) -> None:
+            pass
+
+        with pytest.raises(InvalidOptionsError, match="another sa_job table") as exc:
+            worker.start()
+        assert "sync_engine=" in str(exc.value)
+        assert not worker.is_running
+        asyncio.run(app_engine.dispose())
+
+
+def test_scoped_sessions_count_as_their_session(database_url: URL, engine: Engine) -> None:
+    """Flask-SQLAlchemy's ``db.session`` is a ``scoped_session``; async apps have
+    ``async_scoped_session``."""
+    scoped = scoped_session(sessionmaker(engine))
+    with scoped.begin():
+        first = sa_jobs.insert(scoped, Plain(1)).job.id
+    scoped.remove()
+
+    async_engine = create_async_engine(database_url.set(drivername="postgresql+asyncpg"))
+
+    async def async_app() -> int:
+        factory = async_sessionmaker(async_engine, expire_on_commit=False)
+        session = async_scoped_session(factory, scopefunc=asyncio.current_task)
+        async with session.begin():
+            result = await sa_jobs.insert(session, Plain(2))
+        await session.remove()
+        await async_engine.dispose()
+        return result.job.id
+
+    second = asyncio.run(async_app())
+    assert [get_job(engine, i).args for i in (first, second)] == [Plain(1), Plain(2)]
+
+
+def test_a_session_passed_by_keyword_still_works(engine: Engine) -> None:
+    job_id = add_job(engine, Plain(1))
+    with Session(engine) as session, session.begin():
+        assert sa_jobs.cancel_job(session=session, job_id=job_id).state is JobState.CANCELLED  # type: ignore[call-overload]
+
+
+def test_cancelling_an_awaited_drain_stops_the_worker(engine: Engine) -> None:
+    started = threading.Event()
+    worker = make_worker(engine, queues={"default": 1})
+
+    @worker.handler(Plain)
+    def slow(job: Job[Plain]) -> None:
+        started.set()
+        time.sleep(0.3)
+
+    for n in range(20):
+        add_job(engine, Plain(n))
+
+    async def drain_then_give_up() -> None:
+        task = asyncio.create_task(worker.run_until_idle_async(timeout=60))
+        await asyncio.to_thread(started.wait, 5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(drain_then_give_up())
+    assert not worker.is_running
+    with engine.connect() as connection:
+        left = connection.scalar(
+            select(func.count()).select_from(Job).where(Job.state == JobState.AVAILABLE)
+        )
+    assert left and left >= 15  # the rest stayed queued
+
+
+def test_a_handler_cannot_be_registered_on_a_running_worker(engine: Engine) -> None:
+    worker = make_worker(engine)
+
+    @worker.handler(Plain)
+    def plain(job: Job[Plain]) -> None:
+        pass
+
+    with running(worker), pytest.raises(InvalidOptionsError, match="while the worker runs"):
+
+        @worker.handler(Async)
+        async def late(job: Job[Async]) -> None:
+            pass
+
+
+def test_a_lost_listen_connection_is_a_warning_and_comes_back_on_psycopg2(
+    database_url: URL, engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    psycopg2_engine = create_engine(database_url.set(drivername="postgresql+psycopg2"))
+    worker = make_worker(psycopg2_engine, poll_interval=60.0)  # only LISTEN wakes it
+    done = threading.Event()
+
+    @worker.handler(Plain)
+    def plain(job: Job[Plain]) -> None:
+        done.set()
+
+    def lost() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "listen connection lost" in r.getMessage()]
+
+    with running(worker):
+        wait_listening(worker)
+        time.sleep(0.2)  # the first poll after start has passed
+        with engine.connect() as connection:
+            connection.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND query LIKE 'LISTEN%'"
+                )
+            )
+        wait_until(lost, what="the worker to notice its LISTEN connection is gone")
+        wait_listening(worker, timeout=10)
+        add_job(engine, Plain(1))
+        assert done.wait(5), "no wake-up after the LISTEN connection came back"
+    psycopg2_engine.dispose()
+    assert all(r.levelno == logging.WARNING for r in lost())
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

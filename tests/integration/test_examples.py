@@ -28,6 +28,7 @@ QUICKSTART_URL = "postgresql+psycopg://localhost/myapp"
 def test_the_fastapi_example_passes_its_own_tests(pg_server: Server) -> None:
     with throwaway_database(pg_server, prefix="sa_jobs_test_fastapi") as url:
         env = {**os.environ, "DATABASE_URL": url_text(url.set(drivername="postgresql"))}
+        env.pop("SA_JOBS_DATABASE_URL", None)  # it would win over the throwaway database
         result = subprocess.run(
             [
                 sys.executable,

@@ -476,3 +476,29 @@ def test_a_session_handler_that_fails_once_leaves_only_the_successful_attempts_e
 
     assert get_job(engine, job_id).state is JobState.COMPLETED
     assert effects(engine) == [(job_id, 3, "")]
+
+
+def test_a_sync_wrapper_around_an_async_function_fails_instead_of_completing(
+    engine: Engine,
+) -> None:
+    """Calling such a wrapper only makes a coroutine; the work never happens. The job
+    must not be marked completed."""
+    ran: list[int] = []
+
+    async def send(job: Job[Task]) -> None:
+        ran.append(job.id)
+
+    worker = make_worker(engine, retry_policy=FixedDelay(3600.0))
+
+    @worker.handler(Task)
+    def wrapper(job: Job[Task]) -> object:  # not async def: hides `send` from the worker
+        return send(job)
+
+    job_id = add_job(engine, Task())
+    worker.run_until_idle(timeout=20)
+
+    job = get_job(engine, job_id)
+    assert job.state is JobState.RETRYABLE
+    assert ran == []
+    assert "returned an awaitable" in job.errors[-1]["error"]
+    assert "async def" in job.errors[-1]["error"]

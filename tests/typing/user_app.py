@@ -3,6 +3,7 @@ everything here must type-check, and each ``reveal_type`` must show what a user 
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from typing import reveal_type
 
@@ -33,8 +34,15 @@ def send_in_session(job: sa_jobs.Job[SendEmail], session: Session) -> None:
 
 
 @worker.handler(SendEmail)
-async def send_async(job: sa_jobs.Job[SendEmail], session: AsyncSession) -> None:
+async def send_async(job: sa_jobs.Job[SendEmail], session: AsyncSession) -> int:
     await session.flush()
+    return 1
+
+
+def unit_test_of_handlers(job: sa_jobs.Job[SendEmail], session: AsyncSession) -> None:
+    # Decorated handlers keep their own types, so tests can call them directly.
+    send(job)
+    reveal_type(asyncio.run(send_async(job, session)))
 
 
 def sync_app(session: Session) -> None:

@@ -35,6 +35,7 @@ def test_a_user_module_type_checks_and_sees_the_types_a_user_expects() -> None:
     revealed = [message for _, kind, message in found if message.startswith("Revealed type")]
     expected = [
         "str",  # job.args.to in a handler of Job[SendEmail]
+        "int",  # what a decorated async handler returns, awaited
         "sa_jobs.insert.InsertResult[tests.typing.user_app.SendEmail]",
         "str",  # result.job.args.to
         "list[sa_jobs.insert.InsertResult[Any]]",

@@ -1,0 +1,56 @@
+"""Database URLs in another driver's form: what a worker derives an engine from, and what
+the command line and the test tools connect with.
+
+psycopg 3 is sa_jobs' own driver (always installed): its sync form runs the worker's
+threads and the command line, its async form async handlers' sessions when the app
+gives a sync engine. Switching a URL's driver must also translate the query parameters
+that only one driver knows, or the other refuses to connect: asyncpg's ``ssl=`` is
+libpq's ``sslmode=``, and asyncpg's statement-cache and timeout settings mean nothing to
+libpq (psycopg 3 and psycopg2 share libpq's parameters, so between them nothing changes).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import URL
+
+__all__ = ["ASYNC_FORMS", "SYNC_FORMS", "in_driver"]
+
+#: The async driver a sync URL is switched to (async handlers' sessions).
+ASYNC_FORMS = {"psycopg": "psycopg_async", "psycopg2": "psycopg_async", "pg8000": "psycopg_async"}
+#: The sync driver an async URL is switched to (an async psycopg engine's dialect calls
+#: its driver ``psycopg`` too).
+SYNC_FORMS = {"asyncpg": "psycopg", "psycopg": "psycopg", "psycopg_async": "psycopg"}
+
+# asyncpg connection settings libpq does not know (asyncpg.connect's keyword arguments).
+_ASYNCPG_ONLY = frozenset(
+    {
+        "prepared_statement_cache_size",
+        "prepared_statement_name_func",
+        "max_cached_statement_lifetime",
+        "max_cacheable_statement_size",
+        "command_timeout",
+        "timeout",
+        "server_settings",
+        "direct_tls",
+        "record_class",
+    }
+)
+# asyncpg's ssl= values that are libpq sslmode values too; true/false are its booleans.
+_SSL_TO_SSLMODE = {
+    "true": "require",
+    "false": "disable",
+    **{
+        mode: mode for mode in ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+    },
+}
+
+
+def in_driver(url: URL, driver: str) -> URL:
+    """``url`` for ``driver`` (``psycopg``, ``psycopg_async``…), its query translated."""
+    query = dict(url.query)
+    if url.get_driver_name() == "asyncpg" and driver != "asyncpg":
+        ssl = query.pop("ssl", None)
+        if isinstance(ssl, str) and "sslmode" not in query:
+            query["sslmode"] = _SSL_TO_SSLMODE.get(ssl.lower(), ssl)
+        query = {key: value for key, value in query.items() if key not in _ASYNCPG_ONLY}
+    return url.set(drivername=f"{url.get_backend_name()}+{driver}", query=query)
