@@ -89,6 +89,8 @@ class HandlerRegistry:
             raise DuplicateHandlerError(kind.name, self._handlers[kind.name].function, function)
         is_async = _is_async(function)
         wants_session = _wants_session(function)
+        if wants_session:
+            _check_session_kind(function, is_async)
         _check_job_annotation(function, args_class)
         if is_async and wants_session:
             problem = self._async_session_problem()
@@ -172,6 +174,38 @@ def _is_session_annotation(annotation: Any) -> bool:
     if isinstance(annotation, str):
         return annotation.rsplit(".", 1)[-1].strip("'\" ") in _SESSION_TYPE_NAMES
     return isinstance(annotation, type) and issubclass(annotation, Session | AsyncSession)
+
+
+def _session_kind(annotation: Any) -> str | None:
+    """``"AsyncSession"``, ``"Session"``, or None for an annotation that names neither."""
+    if isinstance(annotation, str):
+        name = annotation.rsplit(".", 1)[-1].strip("'\" ")
+        return name if name in _SESSION_TYPE_NAMES else None
+    if isinstance(annotation, type) and issubclass(annotation, AsyncSession):
+        return "AsyncSession"
+    if isinstance(annotation, type) and issubclass(annotation, Session):
+        return "Session"
+    return None
+
+
+def _check_session_kind(function: Callable[..., Any], is_async: bool) -> None:
+    """An ``async def`` handler gets an ``AsyncSession``, a sync one a ``Session``; one
+    annotated the other way would misuse it — an async handler calling
+    ``session.execute(...)`` un-awaited, its writes silently never made."""
+    second = [
+        p
+        for p in inspect.signature(function).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ][1]
+    declared = _session_kind(second.annotation)
+    expected = "AsyncSession" if is_async else "Session"
+    if declared is not None and declared != expected:
+        kind = "an async" if is_async else "a sync"
+        raise InvalidOptionsError(
+            "handler",
+            f"{_name(function)} is {kind} handler, so its session is {'an' if is_async else 'a'} "
+            f"{expected}, but it is annotated {declared}; annotate it {expected}",
+        )
 
 
 def _wants_session(function: Callable[..., Any]) -> bool:

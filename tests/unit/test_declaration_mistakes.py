@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import attrs
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
@@ -266,3 +266,18 @@ def test_queues_are_checked_when_set_and_the_default_stuck_limit_follows_them() 
     chosen = sa_jobs.Worker(engine, queues={"default": 2}, stuck_thread_limit=1)
     chosen.queues = {"default": 50}
     assert chosen.stuck_thread_limit == 1  # a limit the user chose stays
+
+
+def test_a_session_annotated_for_the_other_kind_of_handler_is_refused() -> None:
+    worker = sa_jobs.Worker(create_engine("postgresql+psycopg://localhost/app"))
+    with pytest.raises(InvalidOptionsError, match="an AsyncSession, but it is annotated Session"):
+
+        @worker.handler(Email)
+        async def async_with_sync_session(job: Job[Email], session: Session) -> None:
+            session.execute(text("SELECT 1"))  # would only make a coroutine
+
+    with pytest.raises(InvalidOptionsError, match="a Session, but it is annotated AsyncSession"):
+
+        @worker.handler(Report)
+        def sync_with_async_session(job: Job[Report], session: AsyncSession) -> None:
+            pass
