@@ -26,7 +26,7 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, undefer
 from sqlalchemy.sql.dml import ReturningUpdate
 
 from sa_jobs.error_records import describe
@@ -86,7 +86,13 @@ def jobs_fetch_available(features: Features = NO_FEATURES) -> ReturningUpdate[An
 
 @functools.cache
 def _fetch_as_jobs(features: Features) -> Any:
-    return select(Job).from_statement(jobs_fetch_available(features))
+    statement = select(Job).from_statement(jobs_fetch_available(features))
+    if features.sequence:
+        # sequence_key is deferred on Job; without this the ORM ignores the returned
+        # column, and the completer cannot tell an unsequenced job from an unloaded one
+        # (it would take the sequence locks and bookkeeping for every batch).
+        statement = statement.options(undefer(Job.sequence_key))
+    return statement
 
 
 def fetch_jobs(

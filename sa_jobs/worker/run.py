@@ -74,6 +74,8 @@ def _log_ending(job: Job[Any], outcome: Outcome | None) -> None:
     ending = outcome.ending.value if outcome is not None else "completed"
     error = outcome.error.get("error") if outcome is not None and outcome.error else None
     if error is None:
+        if not log.isEnabledFor(logging.DEBUG):
+            return  # the common case: skip building the record's fields for every job
         log.debug(
             "job %d (%s) attempt %d %s",
             job.id,

@@ -25,6 +25,7 @@ from tests.helpers import (
     finish_statements,
     get_job,
     make_worker,
+    recorded_statements,
     same_transaction,
     write_effect,
     write_effect_async,
@@ -101,6 +102,26 @@ def test_completions_of_many_jobs_are_written_by_few_statements(engine: Engine) 
     assert dict(states) == {"completed": len(ids)}
     # One statement per batch, not per job.
     assert 1 <= len(statements) < len(ids) // 4, f"{len(statements)} statements for 200 jobs"
+
+
+def test_completing_unsequenced_jobs_takes_no_sequence_locks(engine: Engine) -> None:
+    """The fetch loads ``sequence_key`` (a deferred column), so the completer knows these
+    jobs are not sequenced and writes their outcomes in one autocommitted statement,
+    without the sequence locks and bookkeeping a sequenced batch needs."""
+    add_jobs(engine, [Task(n=i) for i in range(50)])
+    worker = make_worker(engine, queues={"default": 10})
+
+    @worker.handler(Task)
+    def handle(job: Job[Task]) -> None:
+        pass
+
+    with recorded_statements(engine, lambda sql: "pg_advisory_xact_lock" in sql) as locks:
+        worker.run_until_idle()
+
+    with Session(engine) as session:
+        states = session.execute(text("SELECT state, count(*) FROM sa_job GROUP BY state")).all()
+    assert dict(states) == {"completed": 50}
+    assert locks == []
 
 
 def test_the_inline_completer_writes_one_statement_per_job(engine: Engine) -> None:

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import gc
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -305,3 +307,31 @@ def test_stop_returns_promptly_with_nothing_to_watch() -> None:
 
     assert time.monotonic() - started < 0.5
     assert not watchdog.running
+
+
+def test_runs_that_finished_long_before_their_deadlines_are_not_kept(watchdog: Watchdog) -> None:
+    """A busy worker finishes thousands of jobs a minute before their deadlines; the
+    watchdog must not keep each run (its job, args, errors) alive until then."""
+    counted: list[int] = []
+
+    def settled(execution: Execution, outcome: Outcome | None, by_runner: bool) -> None:
+        counted.append(execution.job.id)  # the id only: a kept outcome would keep its job
+
+    alive = an_execution(0, settled, timeout=60)  # type: ignore[arg-type]
+    alive.begin()
+    watchdog.watch(alive)
+    finished: list[weakref.ref[Execution]] = []
+    for job_id in range(1, 5001):
+        execution = an_execution(job_id, settled, timeout=60)  # type: ignore[arg-type]
+        execution.begin()
+        watchdog.watch(execution)
+        run_sync(execution, engine=None)  # type: ignore[arg-type]  # no session: no engine
+        assert execution.finished
+        finished.append(weakref.ref(execution))
+        del execution
+    gc.collect()
+
+    assert len(counted) == 5000
+    assert sum(ref() is not None for ref in finished) == 0  # nothing holds them
+    assert len(watchdog._heap) < 2100  # compacted as it grew: the one live run and few more
+    assert any(entry[4]() is alive for entry in watchdog._heap)  # its deadline still stands
