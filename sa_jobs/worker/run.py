@@ -290,8 +290,10 @@ class WorkerRun:
             producer.wake()
 
     def idle(self) -> bool:
+        with self._lock:
+            running = bool(self._executions)  # no copy: run_until_idle asks often
         return (
-            all(p.drained for p in self.producers.values())
-            and not self.running_ids()
+            not running
+            and all(p.drained for p in self.producers.values())
             and self.completer.pending() == 0
         )

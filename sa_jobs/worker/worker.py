@@ -322,7 +322,9 @@ class Worker:
                     while not run.idle() and not stop_requested.is_set():
                         if deadline is not None and time.monotonic() > deadline:
                             raise TimeoutError(f"worker still busy after {timeout} s")
-                        stop_requested.wait(0.002)
+                        # A short wait: the drain's end is noticed within 5 ms, without
+                        # taking the GIL from the handlers every couple of milliseconds.
+                        stop_requested.wait(0.005)
                     if not promoted and not self._due_work_left():
                         return
                 log.info("stopped before the queues were idle; what is left stays queued")
