@@ -1,0 +1,293 @@
+"""One benchmark run on a throwaway database: enqueue, drain, latency; the floor alongside.
+
+The order is fixed, so runs compare: single enqueues (sa_jobs and the floor taking turns
+job by job), then for each side its bulk enqueue of the jobs it then drains, then
+latency. Every phase starts from an empty table (``TRUNCATE``) and a checkpoint, so no
+phase inherits another's dead rows or dirty pages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import random
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+from sqlalchemy import URL, Engine, create_engine, text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session
+
+import sa_jobs
+from sa_jobs.benchmark import children, floor, noop
+from sa_jobs.benchmark.report import Figure, Report, environment
+from sa_jobs.devdb import Server, throwaway_database
+
+__all__ = ["BenchSettings", "batches", "run"]
+
+Say = Callable[[str], None]
+
+#: Single enqueues each side makes, untimed, before the timed ones.
+SINGLE_WARM_UP = 20
+
+
+@attrs.frozen
+class BenchSettings:
+    """What to measure, and how much of it.
+
+    Attributes:
+        jobs: Jobs enqueued in bulk and then drained (per side).
+        singles: Jobs enqueued one transaction each (per side).
+        samples: Latency samples (per side), after 20 thrown away.
+        queues: Queue name to concurrency, per worker process; jobs are spread evenly
+            over the queues.
+        processes: Worker processes draining the jobs (latency always uses one).
+        handler: The no-op handler is a plain function or an ``async def``.
+        floor: Also measure the raw-SQL floor and give each figure's ratio to it.
+        batch: Jobs per bulk enqueue transaction.
+    """
+
+    jobs: int = 10_000
+    singles: int = 1_000
+    samples: int = 300
+    queues: dict[str, int] = attrs.field(factory=lambda: {"default": 10})
+    processes: int = 1
+    handler: noop.Handler = "sync"
+    floor: bool = False
+    batch: int = 1_000
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+def run(server: Server, settings: BenchSettings, say: Say) -> Report:
+    """Measure on a throwaway database on ``server`` (created here, dropped at the end)."""
+    report = Report(settings.as_dict(), environment())
+    report.environment["server"] = server.source
+    with throwaway_database(server, prefix="sa_jobs_bench") as url:
+        engine = create_engine(url, pool_size=5)
+        try:
+            sa_jobs.migrate(engine)
+            with engine.connect() as connection:
+                version = connection.scalar(text("SHOW server_version"))
+            report.environment["postgresql"] = str(version)
+            _measure(url, engine, settings, report, say)
+        finally:
+            engine.dispose()
+    return report
+
+
+def _measure(url: URL, engine: Engine, settings: BenchSettings, report: Report, say: Say) -> None:
+    queues = settings.queues
+    first_queue = next(iter(queues))
+    inserter = floor.FloorInserter(url, noop.KIND) if settings.floor else None
+    try:
+        say(f"single enqueue: {settings.singles:,} jobs, one transaction each")
+        reset(engine)
+        ours, theirs = _single_enqueue(engine, inserter, settings.singles, first_queue)
+        report.figures.append(
+            Figure(
+                "enqueue_single",
+                "enqueue, single (add(enqueue()) + commit)",
+                "jobs/s",
+                ours,
+                theirs,
+            )
+        )
+
+        chunks = batches(settings.jobs, list(queues), settings.batch)
+        theirs_bulk = theirs_worked = theirs_cpu = None
+        workers = "1 process" if settings.processes == 1 else f"{settings.processes} processes"
+        if inserter is not None:
+            say(f"floor: bulk enqueue of {settings.jobs:,} jobs, then drain with {workers}")
+            theirs_bulk = _bulk(engine, chunks, lambda seqs, queue: inserter.bulk(seqs, queue))
+            theirs_worked, theirs_cpu = _drain(url, engine, floor.floor_worker_process, settings)
+        say(f"sa_jobs: bulk enqueue of {settings.jobs:,} jobs, then drain with {workers}")
+        ours_bulk = _bulk(engine, chunks, lambda seqs, queue: _insert_many(engine, seqs, queue))
+        ours_worked, ours_cpu = _drain(url, engine, noop.worker_process, settings)
+        report.figures += [
+            Figure(
+                "enqueue_bulk",
+                f"enqueue, bulk (insert_many, {min(settings.batch, settings.jobs):,}/txn)",
+                "jobs/s",
+                ours_bulk,
+                theirs_bulk,
+            ),
+            Figure(
+                "worked",
+                f"worked no-op jobs, {workers}, {settings.handler} handler",
+                "jobs/s",
+                ours_worked,
+                theirs_worked,
+            ),
+            Figure(
+                "worker_cpu_per_job",
+                "worker CPU per job (user+sys)",
+                "us",
+                ours_cpu * 1e6,
+                None if theirs_cpu is None else theirs_cpu * 1e6,
+                higher_is_better=False,
+            ),
+        ]
+
+        say(f"latency: {settings.samples:,} jobs one at a time, idle worker (1 process)")
+        theirs_latency = None
+        if inserter is not None:
+            reset(engine)
+            theirs_latency = children.latencies(
+                url,
+                floor.floor_latency_process,
+                queues,
+                settings.handler,
+                lambda seq: inserter.single(seq, first_queue),
+                settings.samples,
+            )
+        reset(engine)
+        ours_latency = children.latencies(
+            url,
+            noop.latency_process,
+            queues,
+            settings.handler,
+            lambda seq: _enqueue(engine, seq, first_queue),
+            settings.samples,
+        )
+        for q in (50, 90, 99):
+            report.figures.append(
+                Figure(
+                    f"latency_p{q}",
+                    f"latency enqueue->handler start, p{q}",
+                    "ms",
+                    children.percentile(ours_latency, q) * 1e3,
+                    None
+                    if theirs_latency is None
+                    else children.percentile(theirs_latency, q) * 1e3,
+                    higher_is_better=False,
+                )
+            )
+    finally:
+        if inserter is not None:
+            inserter.close()
+
+
+def batches(jobs: int, queues: list[str], size: int) -> list[tuple[str, range]]:
+    """The bulk enqueue's transactions: ``jobs`` numbered jobs spread evenly over
+    ``queues`` (contiguous runs), each run cut into batches of at most ``size``."""
+    result: list[tuple[str, range]] = []
+    start = 0
+    for index, queue in enumerate(queues):
+        share = jobs // len(queues) + (1 if index < jobs % len(queues) else 0)
+        for low in range(start, start + share, size):
+            result.append((queue, range(low, min(low + size, start + share))))
+        start += share
+    return result
+
+
+# ---------------------------------------------------------------------- measurements
+
+
+def _enqueue(engine: Engine, seq: int, queue: str) -> float:
+    """sa_jobs' single enqueue: the ORM path, one transaction; ``time.time()`` after the
+    commit returned."""
+    with Session(engine) as session:
+        session.add(sa_jobs.enqueue(noop.BenchNoop(seq), queue=queue))
+        session.commit()
+    return time.time()
+
+
+def _insert_many(engine: Engine, seqs: range, queue: str) -> None:
+    with Session(engine) as session, session.begin():
+        sa_jobs.insert_many(session, [noop.BenchNoop(seq) for seq in seqs], queue=queue)
+
+
+def _single_enqueue(
+    engine: Engine, inserter: floor.FloorInserter | None, count: int, queue: str
+) -> tuple[float, float | None]:
+    """Rates of sa_jobs' single enqueue and the floor's, taking turns job by job.
+
+    Taking turns gives both sides the same machine: this kind of VM drifts by a third
+    within a minute, which would decide the ratio if each side ran in a block of its
+    own. The order within each turn is shuffled (seeded), so the garbage collector's
+    full collections do not keep landing on the same side.
+    """
+    steps: dict[str, Callable[[int], object]] = {
+        "sa_jobs": lambda seq: _enqueue(engine, seq, queue)
+    }
+    if inserter is not None:
+        steps["floor"] = lambda seq: inserter.single(seq, queue)
+    for seq in range(-SINGLE_WARM_UP, 0):
+        for step in steps.values():
+            step(seq)
+    spent = dict.fromkeys(steps, 0.0)
+    order = list(steps.items())
+    shuffler = random.Random(0x5A10B5)
+    gc.collect()
+    for seq in range(count):
+        shuffler.shuffle(order)
+        for name, step in order:
+            started = time.perf_counter()
+            step(seq)
+            spent[name] += time.perf_counter() - started
+    floor_rate = count / spent["floor"] if "floor" in spent else None
+    return count / spent["sa_jobs"], floor_rate
+
+
+def _bulk(
+    engine: Engine, chunks: list[tuple[str, range]], insert: Callable[[range, str], None]
+) -> float:
+    """Rate of enqueueing ``chunks`` (one transaction each) into an empty table, after
+    one untimed batch; leaves the jobs in place, vacuumed and analyzed."""
+    reset(engine)
+    queue, first = chunks[0]
+    insert(range(-len(first), 0), queue)  # warm up: connections, statement caches
+    reset(engine)
+    gc.collect()
+    started = time.perf_counter()
+    for queue, seqs in chunks:
+        insert(seqs, queue)
+    elapsed = time.perf_counter() - started
+    with _autocommit(engine) as connection:
+        connection.execute(text("VACUUM ANALYZE sa_job"))
+    _checkpoint(engine)
+    return sum(len(seqs) for _, seqs in chunks) / elapsed
+
+
+def _drain(
+    url: URL, engine: Engine, target: Callable[..., None], settings: BenchSettings
+) -> tuple[float, float]:
+    return children.drain(
+        url,
+        engine,
+        target,
+        settings.processes,
+        settings.queues,
+        settings.handler,
+        settings.jobs,
+    )
+
+
+# ---------------------------------------------------------------------- the table
+
+
+@contextlib.contextmanager
+def _autocommit(engine: Engine) -> Iterator[Any]:
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        yield connection
+
+
+def reset(engine: Engine) -> None:
+    """Empty the job table and checkpoint, so every phase starts from the same place."""
+    with _autocommit(engine) as connection:
+        connection.execute(text("TRUNCATE sa_job RESTART IDENTITY"))
+    _checkpoint(engine)
+
+
+def _checkpoint(engine: Engine) -> None:
+    """Write dirty pages out now rather than during the next measurement.
+
+    Best effort: ``CHECKPOINT`` needs a superuser (or ``pg_checkpoint``), which the
+    benchmark does not otherwise need.
+    """
+    with contextlib.suppress(DBAPIError), _autocommit(engine) as connection:
+        connection.execute(text("CHECKPOINT"))
