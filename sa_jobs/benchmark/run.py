@@ -67,6 +67,7 @@ def run(server: Server, settings: BenchSettings, say: Say) -> Report:
     report = Report(settings.as_dict(), environment())
     report.environment["server"] = server.source
     with throwaway_database(server, prefix="sa_jobs_bench") as url:
+        report.environment["database"] = str(url.database)
         engine = create_engine(url, pool_size=5)
         try:
             sa_jobs.migrate(engine)
@@ -110,7 +111,7 @@ def _measure(url: URL, engine: Engine, settings: BenchSettings, report: Report, 
         report.figures += [
             Figure(
                 "enqueue_bulk",
-                f"enqueue, bulk (insert_many, {min(settings.batch, settings.jobs):,}/txn)",
+                f"enqueue, bulk (insert_many, {max(len(seqs) for _, seqs in chunks):,}/txn)",
                 "jobs/s",
                 ours_bulk,
                 theirs_bulk,

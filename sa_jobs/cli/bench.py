@@ -119,10 +119,16 @@ def _bench(options: argparse.Namespace) -> int:
     finally:
         if own:
             server.stop()
+    where = report.environment
+    queues = ", ".join(f"{name}={n}" for name, n in config.queues.items())
     print(
-        f"sa-jobs bench on {report.environment['server']}, PostgreSQL "
-        f"{report.environment['postgresql']}, {report.environment['cpus']} CPUs, "
-        f"load average {report.environment['load_average']} at start"
+        f"sa-jobs bench: {config.jobs:,} jobs drained, {config.singles:,} single enqueues, "
+        f"{config.samples:,} latency samples; queues {queues} per process"
+    )
+    print(
+        f"on {where['server']} (database {where['database']}, dropped), PostgreSQL "
+        f"{where['postgresql']}; {where['cpus']} CPUs, load average {where['load_average']} "
+        f"at start; sa_jobs {where['sa_jobs']}, Python {where['python']}"
     )
     print(report.render())
     if options.json is not None:
