@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import queue
 import random
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,14 @@ COMPLETED = text("SELECT count(*) FROM sa_job WHERE state = 'completed'")
 WARM_UP = 20
 #: Seconds any child may take to get ready, and to report at the end.
 CHILD_TIMEOUT = 60.0
+
+
+def _child(target: Callable[..., None], *args: Any) -> None:
+    """Run ``target`` in a spawned process, deaf to SIGINT: a Ctrl-C at the terminal
+    reaches the whole process group, and the parent, not the child, decides how to stop
+    (it sets the stop event, waits, and drops the database)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    target(*args)
 
 
 def _url_text(url: URL) -> str:
@@ -94,8 +103,8 @@ def drain(
     go, stop = ctx.Event(), ctx.Event()
     children = [
         ctx.Process(
-            target=target,
-            args=(_url_text(url), queues, handler, ready, go, stop, results),
+            target=_child,
+            args=(target, _url_text(url), queues, handler, ready, go, stop, results),
             daemon=True,
         )
         for _ in range(processes)
@@ -145,8 +154,8 @@ def latencies(
     ready, starts = ctx.Queue(), ctx.Queue()
     stop = ctx.Event()
     child = ctx.Process(
-        target=target,
-        args=(_url_text(url), queues, handler, ready, stop, starts),
+        target=_child,
+        args=(target, _url_text(url), queues, handler, ready, stop, starts),
         daemon=True,
     )
     child.start()
