@@ -73,6 +73,22 @@ def _check_alive(children: list[Any]) -> None:
         )
 
 
+def _result(results: Any, children: list[Any]) -> float:
+    """One child's CPU seconds; a child that died instead of reporting is an error."""
+    deadline = time.monotonic() + CHILD_TIMEOUT
+    while True:
+        try:
+            return float(results.get(timeout=0.2))
+        except queue.Empty:
+            if time.monotonic() > deadline:
+                raise BenchmarkError(
+                    f"a benchmark worker process did not stop within {CHILD_TIMEOUT:.0f} s"
+                ) from None
+            # A child that exited 0 may have put its figure just now: look once more.
+            if any(child.exitcode not in (None, 0) for child in children):
+                _check_alive(children)
+
+
 def _stop_all(children: list[Any]) -> None:
     for child in children:
         child.join(timeout=CHILD_TIMEOUT)
@@ -124,7 +140,7 @@ def drain(
                 _check_alive(children)
             elapsed = time.perf_counter() - started
         stop.set()
-        cpu = sum(results.get(timeout=CHILD_TIMEOUT) for _ in children)
+        cpu = sum(_result(results, children) for _ in children)
     finally:
         stop.set()
         _stop_all(children)

@@ -39,7 +39,9 @@ class BenchNoop:
     seq: int = 0
 
 
-def _worker(url: str, queues: dict[str, int], handler: Handler, starts: Any = None) -> Any:
+def _worker(
+    url: str, queues: dict[str, int], handler: Handler, starts: Any = None
+) -> sa_jobs.Worker:
     """A worker with one no-op handler (sync or async). With ``starts``, the handler
     puts ``(seq, time.time())`` there on its first line instead."""
     logging.basicConfig(level=logging.WARNING, format="%(processName)s %(name)s: %(message)s")

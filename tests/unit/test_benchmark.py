@@ -1,15 +1,18 @@
 """The benchmark's arithmetic: how jobs are batched over queues, percentiles, ratios and
-the table — without a database."""
+the table, a worker process that dies — without a database."""
 
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 import pytest
+from sqlalchemy import create_engine, make_url
 
 from sa_jobs.benchmark import Figure, Report
-from sa_jobs.benchmark.children import percentile
+from sa_jobs.benchmark.children import drain, percentile
 from sa_jobs.benchmark.run import batches
+from sa_jobs.errors import BenchmarkError
 
 
 def test_batches_spread_jobs_evenly_over_queues_in_bounded_contiguous_runs() -> None:
@@ -52,3 +55,14 @@ def test_the_table_shows_floor_and_ratio_columns_only_when_a_floor_was_measured(
     header, row = without.splitlines()
     assert header.split() == ["sa_jobs"]
     assert row == "latency p50  3.00 ms"
+
+
+def dies(*_args: Any) -> None:
+    """A worker process target that fails before it is ready (module level: spawned)."""
+    raise SystemExit(3)
+
+
+def test_a_worker_process_that_dies_is_reported_at_once_not_waited_for() -> None:
+    nowhere = make_url("postgresql+psycopg://nobody@127.0.0.1:1/nowhere")  # never reached
+    with pytest.raises(BenchmarkError, match=r"worker process died \(exit code 3\)"):
+        drain(nowhere, create_engine(nowhere), dies, 2, {"default": 1}, "sync", 10)
