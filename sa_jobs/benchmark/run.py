@@ -8,22 +8,25 @@ phase inherits another's dead rows or dirty pages.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import attrs
 from sqlalchemy import URL, Engine, create_engine, text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs.benchmark import children, floor, noop
 from sa_jobs.benchmark.report import Figure, Report, environment
 from sa_jobs.devdb import Server, throwaway_database
+from sa_jobs.urls import in_driver
 
 __all__ = ["BenchSettings", "batches", "run"]
 
@@ -87,16 +90,24 @@ def _measure(url: URL, engine: Engine, settings: BenchSettings, report: Report, 
     try:
         say(f"single enqueue: {settings.singles:,} jobs, one transaction each")
         reset(engine)
-        ours, theirs = _single_enqueue(engine, inserter, settings.singles, first_queue)
-        report.figures.append(
+        rates = asyncio.run(_single_enqueue(url, engine, inserter, settings.singles, first_queue))
+        theirs = rates.get("floor")
+        report.figures += [
             Figure(
                 "enqueue_single",
                 "enqueue, single (add(enqueue()) + commit)",
                 "jobs/s",
-                ours,
+                rates["sync"],
                 theirs,
-            )
-        )
+            ),
+            Figure(
+                "enqueue_single_async",
+                "enqueue, single (await insert(AsyncSession) + commit)",
+                "jobs/s",
+                rates["async"],
+                theirs,
+            ),
+        ]
 
         chunks = batches(settings.jobs, list(queues), settings.batch)
         theirs_bulk = theirs_worked = theirs_cpu = None
@@ -202,36 +213,56 @@ def _insert_many(engine: Engine, seqs: range, queue: str) -> None:
         sa_jobs.insert_many(session, [noop.BenchNoop(seq) for seq in seqs], queue=queue)
 
 
-def _single_enqueue(
-    engine: Engine, inserter: floor.FloorInserter | None, count: int, queue: str
-) -> tuple[float, float | None]:
-    """Rates of sa_jobs' single enqueue and the floor's, taking turns job by job.
+async def _single_enqueue(
+    url: URL, engine: Engine, inserter: floor.FloorInserter | None, count: int, queue: str
+) -> dict[str, float]:
+    """Jobs per second of each single enqueue: ``sync`` (``session.add(enqueue())``),
+    ``async`` (``await insert(async_session)``) and the ``floor``'s, taking turns job by
+    job.
 
-    Taking turns gives both sides the same machine: this kind of VM drifts by a third
+    Taking turns gives every side the same machine: this kind of VM drifts by a third
     within a minute, which would decide the ratio if each side ran in a block of its
     own. The order within each turn is shuffled (seeded), so the garbage collector's
-    full collections do not keep landing on the same side.
+    full collections do not keep landing on the same side. Everything runs on one event
+    loop, as an async application's enqueues do; the sync ones simply block it.
     """
-    steps: dict[str, Callable[[int], object]] = {
-        "sa_jobs": lambda seq: _enqueue(engine, seq, queue)
+    async_engine = create_async_engine(in_driver(url, "psycopg_async"), pool_size=5)
+
+    async def sync_step(seq: int) -> None:
+        _enqueue(engine, seq, queue)
+
+    async def async_step(seq: int) -> None:
+        async with AsyncSession(async_engine) as session:
+            await sa_jobs.insert(session, noop.BenchNoop(seq), queue=queue)
+            await session.commit()
+
+    steps: dict[str, Callable[[int], Awaitable[None]]] = {
+        "sync": sync_step,
+        "async": async_step,
     }
     if inserter is not None:
-        steps["floor"] = lambda seq: inserter.single(seq, queue)
-    for seq in range(-SINGLE_WARM_UP, 0):
-        for step in steps.values():
-            step(seq)
-    spent = dict.fromkeys(steps, 0.0)
-    order = list(steps.items())
-    shuffler = random.Random(0x5A10B5)
-    gc.collect()
-    for seq in range(count):
-        shuffler.shuffle(order)
-        for name, step in order:
-            started = time.perf_counter()
-            step(seq)
-            spent[name] += time.perf_counter() - started
-    floor_rate = count / spent["floor"] if "floor" in spent else None
-    return count / spent["sa_jobs"], floor_rate
+
+        async def floor_step(seq: int) -> None:
+            inserter.single(seq, queue)
+
+        steps["floor"] = floor_step
+    try:
+        for seq in range(-SINGLE_WARM_UP, 0):
+            for step in steps.values():
+                await step(seq)
+        spent = dict.fromkeys(steps, 0.0)
+        order = list(steps.items())
+        shuffler = random.Random(0x5A10B5)
+        gc.collect()
+        for seq in range(count):
+            shuffler.shuffle(order)
+            for name, step in order:
+                started = time.perf_counter()
+                await step(seq)
+                spent[name] += time.perf_counter() - started
+    finally:
+        await async_engine.dispose()
+    return {name: count / seconds for name, seconds in spent.items()}
 
 
 def _bulk(

@@ -20,6 +20,7 @@ NOWHERE = "postgresql://nobody@127.0.0.1:1/nowhere"
 
 FIGURES = [
     "enqueue_single",
+    "enqueue_single_async",
     "enqueue_bulk",
     "worked",
     "worker_cpu_per_job",
