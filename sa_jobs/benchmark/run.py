@@ -84,103 +84,130 @@ def run(server: Server, settings: BenchSettings, say: Say) -> Report:
 
 
 def _measure(url: URL, engine: Engine, settings: BenchSettings, report: Report, say: Say) -> None:
-    queues = settings.queues
-    first_queue = next(iter(queues))
     inserter = floor.FloorInserter(url, noop.KIND) if settings.floor else None
     try:
-        say(f"single enqueue: {settings.singles:,} jobs, one transaction each")
-        reset(engine)
-        rates = asyncio.run(_single_enqueue(url, engine, inserter, settings.singles, first_queue))
-        theirs = rates.get("floor")
-        report.figures += [
-            Figure(
-                "enqueue_single",
-                "enqueue, single (add(enqueue()) + commit)",
-                "jobs/s",
-                rates["sync"],
-                theirs,
-            ),
-            Figure(
-                "enqueue_single_async",
-                "enqueue, single (await insert(AsyncSession) + commit)",
-                "jobs/s",
-                rates["async"],
-                theirs,
-            ),
-        ]
-
-        chunks = batches(settings.jobs, list(queues), settings.batch)
-        theirs_bulk = theirs_worked = theirs_cpu = None
-        workers = "1 process" if settings.processes == 1 else f"{settings.processes} processes"
-        if inserter is not None:
-            say(f"floor: bulk enqueue of {settings.jobs:,} jobs, then drain with {workers}")
-            theirs_bulk = _bulk(engine, chunks, lambda seqs, queue: inserter.bulk(seqs, queue))
-            theirs_worked, theirs_cpu = _drain(url, engine, floor.floor_worker_process, settings)
-        say(f"sa_jobs: bulk enqueue of {settings.jobs:,} jobs, then drain with {workers}")
-        ours_bulk = _bulk(engine, chunks, lambda seqs, queue: _insert_many(engine, seqs, queue))
-        ours_worked, ours_cpu = _drain(url, engine, noop.worker_process, settings)
-        report.figures += [
-            Figure(
-                "enqueue_bulk",
-                f"enqueue, bulk (insert_many, {max(len(seqs) for _, seqs in chunks):,}/txn)",
-                "jobs/s",
-                ours_bulk,
-                theirs_bulk,
-            ),
-            Figure(
-                "worked",
-                f"worked no-op jobs, {workers}, {settings.handler} handler",
-                "jobs/s",
-                ours_worked,
-                theirs_worked,
-            ),
-            Figure(
-                "worker_cpu_per_job",
-                "worker CPU per job (user+sys)",
-                "us",
-                ours_cpu * 1e6,
-                None if theirs_cpu is None else theirs_cpu * 1e6,
-                higher_is_better=False,
-            ),
-        ]
-
-        say(f"latency: {settings.samples:,} jobs one at a time, idle worker (1 process)")
-        theirs_latency = None
-        if inserter is not None:
-            reset(engine)
-            theirs_latency = children.latencies(
-                url,
-                floor.floor_latency_process,
-                queues,
-                settings.handler,
-                lambda seq: inserter.single(seq, first_queue),
-                settings.samples,
-            )
-        reset(engine)
-        ours_latency = children.latencies(
-            url,
-            noop.latency_process,
-            queues,
-            settings.handler,
-            lambda seq: _enqueue(engine, seq, first_queue),
-            settings.samples,
-        )
-        for q in (50, 90, 99):
-            report.figures.append(
-                Figure(
-                    f"latency_p{q}",
-                    f"latency enqueue->handler start, p{q}",
-                    "ms",
-                    children.percentile(ours_latency, q) * 1e3,
-                    None
-                    if theirs_latency is None
-                    else children.percentile(theirs_latency, q) * 1e3,
-                    higher_is_better=False,
-                )
-            )
+        report.figures += _single_phase(url, engine, inserter, settings, say)
+        report.figures += _worked_phase(url, engine, inserter, settings, say)
+        report.figures += _latency_phase(url, engine, inserter, settings, say)
     finally:
         if inserter is not None:
             inserter.close()
+
+
+def _single_phase(
+    url: URL,
+    engine: Engine,
+    inserter: floor.FloorInserter | None,
+    settings: BenchSettings,
+    say: Say,
+) -> list[Figure]:
+    say(f"single enqueue: {settings.singles:,} jobs, one transaction each")
+    reset(engine)
+    queue = next(iter(settings.queues))
+    rates = asyncio.run(_single_enqueue(url, engine, inserter, settings.singles, queue))
+    theirs = rates.get("floor")
+    return [
+        Figure(
+            "enqueue_single",
+            "enqueue, single (add(enqueue()) + commit)",
+            "jobs/s",
+            rates["sync"],
+            theirs,
+        ),
+        Figure(
+            "enqueue_single_async",
+            "enqueue, single (await insert(AsyncSession) + commit)",
+            "jobs/s",
+            rates["async"],
+            theirs,
+        ),
+    ]
+
+
+def _worked_phase(
+    url: URL,
+    engine: Engine,
+    inserter: floor.FloorInserter | None,
+    settings: BenchSettings,
+    say: Say,
+) -> list[Figure]:
+    """Each side enqueues the jobs in bulk, then drains them: the floor first."""
+    chunks = batches(settings.jobs, list(settings.queues), settings.batch)
+    theirs_bulk = theirs_worked = theirs_cpu = None
+    workers = "1 process" if settings.processes == 1 else f"{settings.processes} processes"
+    if inserter is not None:
+        say(f"floor: bulk enqueue of {settings.jobs:,} jobs, then drain with {workers}")
+        theirs_bulk = _bulk(engine, chunks, inserter.bulk)
+        theirs_worked, theirs_cpu = _drain(url, engine, floor.floor_worker_process, settings)
+    say(f"sa_jobs: bulk enqueue of {settings.jobs:,} jobs, then drain with {workers}")
+    ours_bulk = _bulk(engine, chunks, lambda seqs, queue: _insert_many(engine, seqs, queue))
+    ours_worked, ours_cpu = _drain(url, engine, noop.worker_process, settings)
+    return [
+        Figure(
+            "enqueue_bulk",
+            f"enqueue, bulk (insert_many, {max(len(seqs) for _, seqs in chunks):,}/txn)",
+            "jobs/s",
+            ours_bulk,
+            theirs_bulk,
+        ),
+        Figure(
+            "worked",
+            f"worked no-op jobs, {workers}, {settings.handler} handler",
+            "jobs/s",
+            ours_worked,
+            theirs_worked,
+        ),
+        Figure(
+            "worker_cpu_per_job",
+            "worker CPU per job (user+sys)",
+            "us",
+            ours_cpu * 1e6,
+            None if theirs_cpu is None else theirs_cpu * 1e6,
+            higher_is_better=False,
+        ),
+    ]
+
+
+def _latency_phase(
+    url: URL,
+    engine: Engine,
+    inserter: floor.FloorInserter | None,
+    settings: BenchSettings,
+    say: Say,
+) -> list[Figure]:
+    say(f"latency: {settings.samples:,} jobs one at a time, idle worker (1 process)")
+    queue = next(iter(settings.queues))
+    theirs: list[float] | None = None
+    if inserter is not None:
+        reset(engine)
+        theirs = children.latencies(
+            url,
+            floor.floor_latency_process,
+            settings.queues,
+            settings.handler,
+            lambda seq: inserter.single(seq, queue),
+            settings.samples,
+        )
+    reset(engine)
+    ours = children.latencies(
+        url,
+        noop.latency_process,
+        settings.queues,
+        settings.handler,
+        lambda seq: _enqueue(engine, seq, queue),
+        settings.samples,
+    )
+    return [
+        Figure(
+            f"latency_p{q}",
+            f"latency enqueue->handler start, p{q}",
+            "ms",
+            children.percentile(ours, q) * 1e3,
+            None if theirs is None else children.percentile(theirs, q) * 1e3,
+            higher_is_better=False,
+        )
+        for q in (50, 90, 99)
+    ]
 
 
 def batches(jobs: int, queues: list[str], size: int) -> list[tuple[str, range]]:
