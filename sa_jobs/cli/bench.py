@@ -122,7 +122,7 @@ def _bench(options: argparse.Namespace) -> int:
     where = report.environment
     queues = ", ".join(f"{name}={n}" for name, n in config.queues.items())
     print(
-        f"sa-jobs bench: {config.jobs:,} jobs drained, {config.singles:,} single enqueues, "
+        f"sa-jobs bench results: {config.jobs:,} jobs drained, {config.singles:,} single enqueues, "
         f"{config.samples:,} latency samples; queues {queues} per process"
     )
     print(
@@ -157,7 +157,7 @@ def _settings(options: argparse.Namespace) -> BenchSettings:
 
 def _check_writable(path: Path) -> None:
     """Refuse a --json path that cannot be written before minutes of measuring, not after."""
-    directory = path.parent if str(path.parent) else Path(".")
+    directory = path.parent
     if path.is_dir():
         raise UsageError(f"--json {path}: is a directory; name a file")
     if not directory.is_dir():
@@ -180,7 +180,7 @@ def _server(raw: str | None) -> tuple[Server, bool]:
         raise CommandError(
             "the database URL cannot be parsed; expected e.g. postgresql://user@host:5432/dbname"
         ) from None
-    return Server(url, f"{url.render_as_string(hide_password=True)}"), False
+    return Server(url, url.render_as_string(hide_password=True)), False
 
 
 def _progress(message: str) -> None:
