@@ -1,29 +1,26 @@
-"""sa_jobs against the floor: the same work done by raw psycopg SQL with no library.
+"""What ``sa-jobs bench`` does not cover: the insert paths side by side, and uniqueness.
 
-Not a test. It creates a throwaway database (``sa_jobs.devdb``), installs the schema with
-``sa_jobs.migrate``, and measures each figure twice in the same run, on the same table
-(same indexes, same insert trigger): once through sa_jobs, once through hand-written SQL
-on a bare psycopg 3 connection. Each figure is printed with its ratio to the floor.
+``sa-jobs bench`` (``sa_jobs/benchmark/``) measures what a user wants to know on their
+own server: single and bulk enqueue rates, worked jobs/s with given queues and
+processes, the worker's CPU per job and enqueue -> start latency, each against the
+raw-SQL floor with ``--floor``. This script keeps the measurements the project needs
+besides those, on the same kind of throwaway database and against the same floor
+statements (``sa_jobs.benchmark.floor``):
 
-    python bench/benchmark.py            # the default run, a couple of minutes on 2 cores
-    python bench/benchmark.py --quick    # smaller sizes, for a smoke test
-    python bench/benchmark.py --only worked-1 --jobs 20000   # one measurement
+* every single-insert path (``sa_jobs.insert``, ``session.add(enqueue())``,
+  ``conn.execute(insert_job())``) and SQLAlchemy's own ``text()`` INSERT as a reference,
+  best of ``--repeat`` interleaved rounds;
+* ``insert_many`` of 1,000 against the ``unnest`` floor and against ``COPY`` (which
+  returns no ids), and how many statements one ``insert_many`` sends;
+* what a unique insert costs against a plain one, single and bulk, with and without TTL
+  locks, the two taking turns insert by insert (see ``paired``).
 
-What each floor is (see docs/performance.md for the reasoning):
+    python bench/benchmark.py                 # both, a few minutes on 2 cores
+    python bench/benchmark.py --quick         # smaller sizes, for a smoke test
+    python bench/benchmark.py --only bulk --repeat 5 --json out.json
 
-* single insert: ``INSERT INTO sa_job (kind, args, queue) VALUES (...) RETURNING id`` and
-  ``COMMIT`` per job on one psycopg connection (auto-prepared after five runs).
-* bulk insert: ``INSERT ... SELECT FROM unnest(%s::text[], %s::jsonb[], %s::text[])
-  RETURNING id``, one statement per 1,000 rows, one transaction each; ``COPY`` shown too.
-* worked jobs: per process, one thread on one autocommit connection looping
-  fetch (``UPDATE ... WHERE id IN (SELECT ... FOR UPDATE SKIP LOCKED LIMIT n)
-  RETURNING``) -> call a no-op for each job -> complete the batch (one ``UPDATE``), with
-  ``n`` = the worker's concurrency, so both hold at most ``n`` jobs at a time.
-* latency: a process that ``LISTEN``s on the channel sa_jobs' insert trigger notifies,
-  and fetches (as above) on a second connection when a notification arrives.
-
-Latency is measured from the moment the enqueuing transaction's ``COMMIT`` returned to
-the first line of the handler, across processes on one host (``time.time()``).
+It waits (a bounded time) for other load on the machine to die down before each round;
+``--no-wait`` skips that.
 """
 
 from __future__ import annotations
@@ -32,37 +29,30 @@ import argparse
 import contextlib
 import gc
 import json
-import multiprocessing as mp
-import os
-import platform
-import queue
 import random
-import statistics
 import subprocess
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
-from multiprocessing.synchronize import Event as MpEvent
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
-from sqlalchemy import URL, Engine, bindparam, create_engine, event, make_url, text
+from sqlalchemy import URL, Engine, bindparam, create_engine, event, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
 import sa_jobs
+from sa_jobs.benchmark.floor import INSERT as FLOOR_INSERT
+from sa_jobs.benchmark.floor import INSERT_UNNEST as FLOOR_INSERT_UNNEST
+from sa_jobs.benchmark.floor import conninfo
+from sa_jobs.benchmark.noop import KIND
+from sa_jobs.benchmark.noop import BenchNoop as Noop
+from sa_jobs.benchmark.report import environment
 from sa_jobs.devdb import find_server, throwaway_database
 
 QUEUE = "default"
-
-
-@sa_jobs.job_args(kind="bench_noop")
-class Noop:
-    """The job every measurement uses: args ``{"seq": n}``, a handler that does nothing."""
-
-    seq: int = 0
 
 
 @sa_jobs.job_args(kind="bench_unique", unique=sa_jobs.UniqueOpts(by_args=True))
@@ -86,52 +76,8 @@ def args_json(seq: int) -> str:
     return json.dumps({"seq": seq}, separators=(",", ":"))
 
 
-# --------------------------------------------------------------------------- floor SQL
-
-FLOOR_INSERT = "INSERT INTO sa_job (kind, args, queue) VALUES (%s, %s, %s) RETURNING id"
-
-FLOOR_INSERT_UNNEST = (
-    "INSERT INTO sa_job (kind, args, queue) "
-    "SELECT * FROM unnest(%s::text[], %s::jsonb[], %s::text[]) RETURNING id"
-)
-
+#: The bulk insert's second floor; returns no ids, so it is shown, not aimed at.
 FLOOR_COPY = "COPY sa_job (kind, args, queue) FROM STDIN"
-
-# The same work as sa_jobs' fetch: lock due jobs in fetch-index order, mark them running.
-FLOOR_FETCH = """
-UPDATE sa_job
-SET state = 'running', attempt = attempt + 1, attempted_at = now(),
-    attempted_by = array_append(coalesce(attempted_by, '{}'::text[]), %(worker)s)
-WHERE id IN (
-    SELECT id FROM sa_job
-    WHERE state = 'available' AND queue = %(queue)s AND scheduled_at <= now()
-    ORDER BY priority, scheduled_at, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-RETURNING id, kind, args, attempt
-"""
-
-FLOOR_COMPLETE = """
-UPDATE sa_job SET state = 'completed', finalized_at = now()
-WHERE id = ANY(%s) AND state = 'running'
-"""
-
-# Cheap "is anything left?" through the two partial indexes (available, running).
-NOT_DONE = text(
-    "SELECT EXISTS (SELECT 1 FROM sa_job WHERE state = 'available')"
-    " OR EXISTS (SELECT 1 FROM sa_job WHERE state = 'running')"
-)
-
-
-def conninfo(url: URL) -> str:
-    return psycopg.conninfo.make_conninfo(
-        host=url.host,
-        port=url.port,
-        user=url.username,
-        password=url.password,
-        dbname=url.database,
-    )
 
 
 # --------------------------------------------------------------------------- results
@@ -208,26 +154,6 @@ def reset(engine: Engine) -> None:
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
         connection.execute(text("TRUNCATE sa_job RESTART IDENTITY"))
         connection.execute(text("CHECKPOINT"))
-
-
-def preload(url: URL, engine: Engine, count: int) -> None:
-    """Put ``count`` available no-op jobs in the table (COPY), analyze, checkpoint."""
-    reset(engine)
-    with psycopg.connect(conninfo(url)) as conn:
-        with conn.cursor() as cur, cur.copy(FLOOR_COPY) as copy:
-            for seq in range(count):
-                copy.write_row(("bench_noop", args_json(seq), QUEUE))
-        conn.commit()
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
-        connection.execute(text("VACUUM ANALYZE sa_job"))
-        connection.execute(text("CHECKPOINT"))
-
-
-def completed_count(engine: Engine) -> int:
-    with engine.connect() as connection:
-        return int(
-            connection.scalar(text("SELECT count(*) FROM sa_job WHERE state = 'completed'")) or 0
-        )
 
 
 def loop_rate(count: int, one: Callable[[int], None]) -> float:
@@ -410,7 +336,7 @@ def bench_single_insert(
         with psycopg.connect(conninfo(url)) as conn:
 
             def one(seq: int) -> None:
-                conn.execute(FLOOR_INSERT, ("bench_noop", Jsonb({"seq": seq}), QUEUE)).fetchone()
+                conn.execute(FLOOR_INSERT, (KIND, Jsonb({"seq": seq}), QUEUE)).fetchone()
                 conn.commit()
 
             return loop_rate(n, one)
@@ -439,7 +365,7 @@ def bench_single_insert(
     def with_sqlalchemy_text() -> float:
         def one(seq: int) -> None:
             with engine.begin() as connection:
-                params = {"kind": "bench_noop", "args": {"seq": seq}, "queue": QUEUE}
+                params = {"kind": KIND, "args": {"seq": seq}, "queue": QUEUE}
                 connection.execute(reference, params).one()
 
         return loop_rate(n, one)
@@ -511,7 +437,7 @@ def bench_bulk_insert(
 
             def one(base: int) -> None:
                 seqs = range(base, base + size)
-                kinds, queues = ["bench_noop"] * size, [QUEUE] * size
+                kinds, queues = [KIND] * size, [QUEUE] * size
                 args = [Jsonb({"seq": seq}) for seq in seqs]
                 conn.execute(FLOOR_INSERT_UNNEST, (kinds, args, queues)).fetchall()
                 conn.commit()
@@ -524,7 +450,7 @@ def bench_bulk_insert(
             def one(base: int) -> None:
                 with conn.cursor() as cur, cur.copy(FLOOR_COPY) as copy:
                     for seq in range(base, base + size):
-                        copy.write_row(("bench_noop", args_json(seq), QUEUE))
+                        copy.write_row((KIND, args_json(seq), QUEUE))
                 conn.commit()
 
             return batch_rate(one)
@@ -578,304 +504,12 @@ def bench_bulk_insert(
     )
 
 
-# --------------------------------------------------------------------------- worked jobs
-
-
-def _child_setup() -> None:
-    import logging
-
-    logging.basicConfig(level=logging.WARNING, format="%(processName)s %(name)s: %(message)s")
-
-
-def sa_jobs_worker_process(
-    url_text: str,
-    concurrency: int,
-    ready: Any,
-    go: MpEvent,
-    stop: MpEvent,
-    results: Any,
-) -> None:
-    """A worker process: one sa_jobs.Worker with a no-op sync handler."""
-    _child_setup()
-    engine = create_engine(make_url(url_text))
-    worker = sa_jobs.Worker(engine, queues={QUEUE: concurrency})
-
-    @worker.handler(Noop)
-    def noop(job: sa_jobs.Job) -> None:
-        pass
-
-    with engine.connect() as connection:  # open the first pooled connection now
-        connection.execute(text("SELECT 1"))
-    ready.put(os.getpid())
-    go.wait()
-    cpu = os.times()
-    worker.start()
-    stop.wait()
-    spent = os.times()
-    worker.stop()
-    results.put((spent.user - cpu.user) + (spent.system - cpu.system))
-    engine.dispose()
-
-
-def floor_worker_process(
-    url_text: str,
-    concurrency: int,
-    ready: Any,
-    go: MpEvent,
-    stop: MpEvent,
-    results: Any,
-) -> None:
-    """The floor: one thread, one autocommit connection, fetch -> run -> complete."""
-    conn = psycopg.connect(conninfo(make_url(url_text)), autocommit=True)
-    worker_id = f"floor-{os.getpid()}"
-    params = {"worker": worker_id, "queue": QUEUE, "limit": concurrency}
-    ready.put(os.getpid())
-    go.wait()
-    cpu = os.times()
-    while not stop.is_set():
-        rows = conn.execute(FLOOR_FETCH, params).fetchall()
-        if not rows:
-            stop.wait(0.005)
-            continue
-        for _id, _kind, _args, _attempt in rows:
-            pass  # the no-op handler
-        conn.execute(FLOOR_COMPLETE, ([row[0] for row in rows],))
-    spent = os.times()
-    results.put((spent.user - cpu.user) + (spent.system - cpu.system))
-    conn.close()
-
-
-def wait_ready(ready: Any, children: list[Any], timeout: float = 60.0) -> None:
-    """Wait for every child to say it is ready; fail at once if one dies first."""
-    deadline = time.monotonic() + timeout
-    waiting = len(children)
-    while waiting:
-        try:
-            ready.get(timeout=0.2)
-            waiting -= 1
-        except queue.Empty:
-            dead = [child for child in children if child.exitcode not in (None, 0)]
-            if dead:
-                raise RuntimeError(
-                    f"a benchmark process died (exit code {dead[0].exitcode})"
-                ) from None
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"benchmark processes not ready after {timeout:.0f} s") from None
-
-
-def drain(
-    url: URL,
-    engine: Engine,
-    target: Callable[..., None],
-    processes: int,
-    concurrency: int,
-    jobs: int,
-) -> tuple[float, float]:
-    """Run ``processes`` of ``target`` until the ``jobs`` preloaded jobs are all done.
-
-    Returns (jobs/s, worker CPU seconds per job summed over the processes).
-    """
-    ctx = mp.get_context("spawn")
-    ready, results = ctx.Queue(), ctx.Queue()
-    go, stop = ctx.Event(), ctx.Event()
-    children = [
-        ctx.Process(
-            target=target,
-            args=(url.render_as_string(hide_password=False), concurrency, ready, go, stop, results),
-            daemon=True,
-        )
-        for _ in range(processes)
-    ]
-    for child in children:
-        child.start()
-    wait_ready(ready, children)
-    with engine.connect() as connection:
-        started = time.perf_counter()
-        go.set()
-        while True:
-            time.sleep(0.005)
-            if not connection.scalar(NOT_DONE):
-                break
-            connection.rollback()
-        elapsed = time.perf_counter() - started
-    stop.set()
-    cpu = sum(results.get(timeout=60) for _ in children)
-    for child in children:
-        child.join(timeout=60)
-    done = completed_count(engine)
-    if done != jobs:
-        raise RuntimeError(f"{target.__name__}: {done} of {jobs} jobs completed")
-    return jobs / elapsed, cpu / jobs
-
-
-def bench_worked(
-    url: URL,
-    engine: Engine,
-    jobs: int,
-    concurrency: int,
-    process_counts: list[int],
-    repeat: int,
-    quiet: Quiet,
-    table: Table,
-) -> None:
-    for processes in process_counts:
-        print(
-            f"worked no-op jobs: {jobs} jobs, {processes} process(es) x concurrency "
-            f"{concurrency} (best of {repeat})",
-            flush=True,
-        )
-        results: dict[str, tuple[float, float]] = {}
-        for _ in range(repeat):
-            for name, target in (
-                ("floor", floor_worker_process),
-                ("ours", sa_jobs_worker_process),
-            ):
-                preload(url, engine, jobs)
-                quiet.wait()
-                rate, cpu = drain(url, engine, target, processes, concurrency, jobs)
-                if name not in results or rate > results[name][0]:
-                    results[name] = (rate, cpu)
-        (our_rate, our_cpu), (floor_rate, floor_cpu) = results["ours"], results["floor"]
-        label = "1 process" if processes == 1 else f"{processes} processes"
-        table.add(f"worked no-op jobs/s, {label}", our_rate, floor_rate, "/s", note="aim >= 0.50x")
-        table.add(
-            f"worker CPU per job, {label}",
-            our_cpu * 1e6,
-            floor_cpu * 1e6,
-            "us",
-            higher_is_better=False,
-            note="user+sys of the worker processes",
-        )
-
-
-# --------------------------------------------------------------------------- latency
-
-
-def sa_jobs_latency_process(url_text: str, ready: Any, stop: MpEvent, starts: Any) -> None:
-    _child_setup()
-    engine = create_engine(make_url(url_text))
-    worker = sa_jobs.Worker(engine, queues={QUEUE: 10})
-
-    @worker.handler(Noop)
-    def record(job: sa_jobs.Job) -> None:
-        starts.put((job.args.seq, time.time()))
-
-    worker.start()
-    time.sleep(1.0)  # let the listener connect and the first fetch happen
-    ready.put(os.getpid())
-    stop.wait()
-    worker.stop()
-    engine.dispose()
-
-
-def floor_latency_process(url_text: str, ready: Any, stop: MpEvent, starts: Any) -> None:
-    info = conninfo(make_url(url_text))
-    listen = psycopg.connect(info, autocommit=True)
-    work = psycopg.connect(info, autocommit=True)
-    listen.execute("LISTEN sa_jobs_insert")
-    params = {"worker": f"floor-{os.getpid()}", "queue": QUEUE, "limit": 10}
-    work.execute(FLOOR_FETCH, params).fetchall()  # prepare and warm up
-    ready.put(os.getpid())
-    while not stop.is_set():
-        for _notification in listen.notifies(timeout=0.25):
-            rows = work.execute(FLOOR_FETCH, params).fetchall()
-            for _id, _kind, args, _attempt in rows:
-                starts.put((args["seq"], time.time()))
-            if rows:
-                work.execute(FLOOR_COMPLETE, ([row[0] for row in rows],))
-            if stop.is_set():
-                break
-    listen.close()
-    work.close()
-
-
-def latencies(
-    url: URL,
-    engine: Engine,
-    target: Callable[..., None],
-    enqueue: Callable[[int], float],
-    samples: int,
-) -> list[float]:
-    reset(engine)
-    ctx = mp.get_context("spawn")
-    ready, starts = ctx.Queue(), ctx.Queue()
-    stop = ctx.Event()
-    child = ctx.Process(
-        target=target,
-        args=(url.render_as_string(hide_password=False), ready, stop, starts),
-        daemon=True,
-    )
-    child.start()
-    wait_ready(ready, [child])
-    rng = random.Random(1)
-    result = []
-    for seq in range(-20, samples):  # the first 20 warm up
-        committed = enqueue(seq)
-        got_seq, started = starts.get(timeout=30)
-        if got_seq != seq:
-            raise RuntimeError(f"expected job {seq} to start, got {got_seq}")
-        if seq >= 0:
-            result.append(started - committed)
-        time.sleep(rng.uniform(0.002, 0.010))  # the worker is idle again
-    stop.set()
-    child.join(timeout=60)
-    return result
-
-
-def percentile(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
-
-
-def bench_latency(url: URL, engine: Engine, samples: int, quiet: Quiet, table: Table) -> None:
-    print(f"enqueue -> start latency: {samples} jobs, one at a time, worker idle", flush=True)
-    with psycopg.connect(conninfo(url)) as conn:
-
-        def floor_enqueue(seq: int) -> float:
-            conn.execute(FLOOR_INSERT, ("bench_noop", Jsonb({"seq": seq}), QUEUE)).fetchone()
-            conn.commit()
-            return time.time()
-
-        quiet.wait()
-        floor = latencies(url, engine, floor_latency_process, floor_enqueue, samples)
-
-    def our_enqueue(seq: int) -> float:
-        session = Session(engine)
-        try:
-            sa_jobs.insert(session, Noop(seq))
-            session.commit()
-            return time.time()
-        finally:
-            session.close()
-
-    quiet.wait()
-    ours = latencies(url, engine, sa_jobs_latency_process, our_enqueue, samples)
-    for q in (50, 99):
-        table.add(
-            f"enqueue->start latency p{q}",
-            percentile(ours, q) * 1e3,
-            percentile(floor, q) * 1e3,
-            "ms",
-            higher_is_better=False,
-            note="aim p50 <= 5 ms" if q == 50 else "",
-        )
-
-
 # --------------------------------------------------------------------------- main
 
 
 def machine() -> dict[str, str]:
-    cpu = "unknown"
-    with contextlib.suppress(OSError), open("/proc/cpuinfo") as cpuinfo:
-        for line in cpuinfo:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    memory = "unknown"
-    with contextlib.suppress(OSError), open("/proc/meminfo") as meminfo:
-        for line in meminfo:
-            if line.startswith("MemTotal"):
-                memory = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
-                break
+    """``sa-jobs bench``'s description of the machine, plus the checkout's commit."""
+    info = environment()
     root = Path(sa_jobs.__file__).resolve().parent.parent
     try:
         commit = subprocess.run(
@@ -886,36 +520,19 @@ def machine() -> dict[str, str]:
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "not a git checkout"
-    return {
-        "cpus": str(os.cpu_count()),
-        "cpu": cpu,
-        "memory": memory,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "sa_jobs": f"{Path(sa_jobs.__file__).parent} (git {commit})",
-        "psycopg": psycopg.__version__,
-        "sqlalchemy": __import__("sqlalchemy").__version__,
-    }
+    info["sa_jobs"] = f"{info['sa_jobs']} at {Path(sa_jobs.__file__).parent} (git {commit})"
+    return info
 
 
-MEASUREMENTS = ("single", "bulk", "worked-1", "worked-n", "latency")
+MEASUREMENTS = ("single", "bulk")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke test)")
-    parser.add_argument("--jobs", type=int, help="jobs drained per worked measurement")
     parser.add_argument("--singles", type=int, help="jobs per single-insert measurement")
     parser.add_argument("--batches", type=int, help="batches of 1,000 per bulk measurement")
-    parser.add_argument("--samples", type=int, help="latency samples")
-    parser.add_argument("--concurrency", type=int, default=10, help="worker concurrency")
-    parser.add_argument(
-        "--processes", default="2,4", help="process counts for worked-n (comma separated)"
-    )
     parser.add_argument("--repeat", type=int, help="insert measurements: best of N rounds")
-    parser.add_argument(
-        "--worked-repeat", type=int, default=1, help="worked measurements: best of N rounds"
-    )
     parser.add_argument(
         "--no-wait",
         dest="wait",
@@ -928,26 +545,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     quick = args.quick
-    args.jobs = args.jobs or (3_000 if quick else 20_000)
     args.singles = args.singles or (300 if quick else 2_000)
     args.batches = args.batches or (3 if quick else 20)
-    args.samples = args.samples or (50 if quick else 300)
     args.repeat = args.repeat or (1 if quick else 3)
     args.only = args.only or list(MEASUREMENTS)
     return args
 
 
-def load_average() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "unknown"
-
-
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     info = machine()
-    info["load average at start"] = load_average()
     for key, value in info.items():
         print(f"{key:>22}: {value}")
     table = Table()
@@ -966,34 +573,17 @@ def main(argv: list[str] | None = None) -> None:
                 bench_single_insert(url, engine, args.singles, args.repeat, quiet, table)
             if "bulk" in args.only:
                 bench_bulk_insert(url, engine, args.batches, args.repeat, quiet, table)
-            counts = []
-            if "worked-1" in args.only:
-                counts.append(1)
-            if "worked-n" in args.only:
-                counts += [int(p) for p in args.processes.split(",") if p.strip()]
-            if counts:
-                bench_worked(
-                    url,
-                    engine,
-                    args.jobs,
-                    args.concurrency,
-                    counts,
-                    args.worked_repeat,
-                    quiet,
-                    table,
-                )
-            if "latency" in args.only:
-                bench_latency(url, engine, args.samples, quiet, table)
             engine.dispose()
     finally:
         server.stop()
-    info["load average at end"] = load_average()
+    info["load average at end"] = environment()["load_average"]
     info["seconds waited for a quiet machine"] = f"{quiet.waited:.0f} (gave up {quiet.gave_up}x)"
     print()
     print(table.render())
     print(f"\nratio = sa_jobs / floor; total {time.perf_counter() - started:.0f} s")
     print(f"load average at end: {info['load average at end']}")
     print(f"seconds waited for a quiet machine: {info['seconds waited for a quiet machine']}")
+    print("worked jobs/s, CPU per job and latency: run sa-jobs bench --floor")
     if args.json:
         document: dict[str, Any] = {"machine": info, "args": vars(args) | {"json": str(args.json)}}
         document["rows"] = table.rows

@@ -207,3 +207,8 @@ class UniqueConflictError(SaJobsError):
             f"cannot retry job {job_id}: its unique key is held by {holder}; wait for that "
             "job to finish (or cancel it), then retry"
         )
+
+
+class BenchmarkError(SaJobsError, RuntimeError):
+    """``sa-jobs bench`` could not finish a measurement (a worker process died, jobs were
+    left unfinished); the message says which."""

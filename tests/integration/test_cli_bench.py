@@ -1,0 +1,172 @@
+"""``sa-jobs bench``: a small run with the floor against the test server, and one-line
+errors for bad options (before anything connects)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.pool import NullPool
+
+from sa_jobs.cli import main
+from sa_jobs.devdb import Server
+from tests.helpers import url_text
+
+#: Nothing listens here: an option refused with this URL was refused before connecting.
+NOWHERE = "postgresql://nobody@127.0.0.1:1/nowhere"
+
+FIGURES = [
+    "enqueue_single",
+    "enqueue_single_async",
+    "enqueue_bulk",
+    "worked",
+    "worker_cpu_per_job",
+    "latency_p50",
+    "latency_p90",
+    "latency_p99",
+]
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable in ("SA_JOBS_DATABASE_URL", "DATABASE_URL", "SA_JOBS_LOG_LEVEL"):
+        monkeypatch.delenv(variable, raising=False)
+
+
+def database_exists(server: Server, name: str) -> bool:
+    engine = create_engine(server.url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            found = connection.scalar(
+                text("SELECT count(*) FROM pg_database WHERE datname = :name"), {"name": name}
+            )
+        return bool(found)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.slow
+def test_a_small_run_with_the_floor_reports_every_figure_and_its_ratio_from_the_same_run(
+    pg_server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out.json"
+    argv = ["bench", "--jobs", "200", "--floor", "--json", str(out)]
+    code = main([*argv, "--url", url_text(pg_server.url)])
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stderr
+
+    document = json.loads(out.read_text())
+    assert document["format"] == 1
+    assert document["settings"] == {
+        "jobs": 200,
+        "singles": 200,
+        "samples": 200,
+        "queues": {"default": 10},
+        "processes": 1,
+        "handler": "sync",
+        "floor": True,
+        "batch": 1000,
+    }
+    figures = {figure["key"]: figure for figure in document["figures"]}
+    assert list(figures) == FIGURES
+    for key, figure in figures.items():
+        assert figure["sa_jobs"] > 0, key
+        assert figure["floor"] > 0, key
+        # The ratio is the quotient of the two figures the same document holds.
+        assert figure["ratio"] == pytest.approx(figure["sa_jobs"] / figure["floor"]), key
+    assert [figures[f"latency_p{q}"]["sa_jobs"] for q in (50, 90, 99)] == sorted(
+        figures[f"latency_p{q}"]["sa_jobs"] for q in (50, 90, 99)
+    )
+    assert figures["worker_cpu_per_job"]["higher_is_better"] is False
+    assert figures["worked"]["higher_is_better"] is True
+
+    # The printed table is the same run: each line ends with the JSON's ratio.
+    for figure in figures.values():
+        line = next(line for line in stdout.splitlines() if line.startswith(figure["label"]))
+        printed = re.search(r"([\d.]+)x$", line)
+        assert printed is not None, line
+        assert float(printed.group(1)) == pytest.approx(figure["ratio"], abs=0.006)
+    assert "sa-jobs bench: single enqueue" in stderr
+
+    # The throwaway database is gone; the server's own were not touched.
+    database = document["environment"]["database"]
+    assert database.startswith("sa_jobs_bench_")
+    assert not database_exists(pg_server, database)
+
+
+@pytest.mark.slow
+def test_several_processes_queues_and_an_async_handler_drain_every_job_without_a_floor(
+    pg_server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out.json"
+    argv = ["bench", "--jobs", "60", "--singles", "5", "--samples", "5", "--processes", "2"]
+    argv += ["--handler", "async", "-q", "a=2", "-q", "b", "--concurrency", "3"]
+    code = main([*argv, "--json", str(out), "--url", url_text(pg_server.url)])
+    stdout, stderr = capsys.readouterr()
+    assert code == 0, stderr
+
+    document = json.loads(out.read_text())
+    settings = document["settings"]
+    assert (settings["queues"], settings["processes"], settings["handler"]) == (
+        {"a": 2, "b": 3},
+        2,
+        "async",
+    )
+    figures = {figure["key"]: figure for figure in document["figures"]}
+    assert list(figures) == FIGURES
+    # The drain checks every job ended completed; without --floor there is no ratio.
+    assert all(f["sa_jobs"] > 0 and f["floor"] is None for f in figures.values())
+    assert all(f["ratio"] is None for f in figures.values())
+    assert "worked no-op jobs, 2 processes, async handler" in stdout
+    assert "ratio" not in stdout
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        (["--jobs", "0"], "--jobs: must be at least 1, got 0"),
+        (["--jobs", "many"], "--jobs: 'many' is not a whole number"),
+        (["--processes", "-2"], "--processes: must be at least 1"),
+        (["--samples", "0"], "--samples: must be at least 1"),
+        (["-q", "default=0"], "the concurrency after '=' must be a whole number"),
+        (["-q", "=3"], "is not a queue"),
+        (["--handler", "threads"], "invalid choice: 'threads'"),
+        (["-q", "mail", "-q", "mail=3"], "queue 'mail' is named twice"),
+    ],
+)
+def test_a_bad_option_is_one_line_and_exit_2_before_connecting(
+    options: list[str], fragment: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = main(["bench", *options, "--url", NOWHERE])
+    except SystemExit as exc:  # argparse's own refusals
+        code = int(exc.code or 0)
+    _, err = capsys.readouterr()
+    assert code == 2
+    assert err.startswith("sa-jobs"), err
+    assert err.count("\n") == 1, err
+    assert fragment in err
+
+
+def test_a_json_file_that_cannot_be_written_is_refused_before_measuring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "no" / "such" / "dir" / "out.json"
+    assert main(["bench", "--json", str(missing), "--url", NOWHERE]) == 2
+    assert capsys.readouterr().err == (
+        f"sa-jobs: --json {missing}: directory {missing.parent} does not exist\n"
+    )
+    assert main(["bench", "--json", str(tmp_path), "--url", NOWHERE]) == 2
+    assert "is a directory" in capsys.readouterr().err
+
+
+def test_an_unreachable_server_is_one_line_and_exit_1(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["bench", "--jobs", "10", "--url", NOWHERE]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("sa-jobs: cannot reach the database"), err
+    assert err.count("\n") == 1
