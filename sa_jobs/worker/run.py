@@ -23,7 +23,7 @@ from sa_jobs.models import Job
 from sa_jobs.schema import Features
 from sa_jobs.worker.aio import EventLoopThread
 from sa_jobs.worker.completer import BatchCompleter, Completer, InlineCompleter, OutcomeWriter
-from sa_jobs.worker.engines import WorkerEngines
+from sa_jobs.worker.engines import WorkerEngines, prepare_warning
 from sa_jobs.worker.execution import Execution, Interrupt, run_async, run_sync
 from sa_jobs.worker.handlers import HandlerRegistry
 from sa_jobs.worker.maintenance.loop import MaintenanceConfig, MaintenanceLoop
@@ -128,6 +128,9 @@ class WorkerRun:
                 self.loop.check_engines()
         with self.engine.connect() as connection:
             features = Features.of(connection)
+            behind_pooler = prepare_warning(connection)
+        if behind_pooler is not None:
+            log.warning("%s", behind_pooler)
         if worker.listen.engine is not None:
             check_same_database(worker.listen.engine, self.engine)
         self.pool = HandlerThreads("sa_jobs-job", worker.stuck_thread_limit, self._release_slot)

@@ -10,6 +10,7 @@ the database directly (the ``engine`` fixture), not through PgBouncer.
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import threading
@@ -18,6 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
 import sa_jobs
@@ -316,3 +318,64 @@ def test_bad_listen_options_are_refused_when_the_worker_is_built(
 ) -> None:
     with pytest.raises(InvalidOptionsError, match=message):
         sa_jobs.Worker(engine, **options)
+
+
+def test_a_worker_whose_engine_prepares_statements_behind_the_bouncer_is_warned(
+    pgbouncer: PgBouncer, bouncer_engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    with (
+        engine_at(pgbouncer.url) as default,
+        caplog.at_level(logging.WARNING),
+        running(make_worker(default, poll_only=True)),
+    ):
+        pass
+    warned = [r.getMessage() for r in caplog.records if "prepare_threshold" in r.getMessage()]
+    assert len(warned) == 1
+    assert "through a connection pooler" in warned[0]
+
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), running(make_worker(bouncer_engine, poll_only=True)):
+        pass
+    assert "prepare_threshold" not in caplog.text
+
+
+def test_async_session_handlers_work_through_the_bouncer_on_the_derived_engine(
+    pgbouncer: PgBouncer, engine: Engine
+) -> None:
+    """The async engine the worker derives prepares as the given engine does (not at
+    all): on one shared server connection, two of its connections would otherwise both
+    prepare ``_pg3_0`` and collide."""
+    recipe = {"connect_args": {"prepare_threshold": None}}
+    with engine_at(pgbouncer.one_connection_url, **recipe) as one:
+        worker = make_worker(one, poll_only=True)
+
+        @worker.handler(Plain)
+        async def plain(job: Job[Plain], session: AsyncSession) -> None:
+            for _ in range(REPEATS):
+                await session.execute(text("SELECT 1 + 1"))
+            await asyncio.sleep(0.01)  # several sessions are open at once
+
+        with Session(one) as session, session.begin():
+            sa_jobs.insert_many(session, [Plain(n) for n in range(20)])
+        worker.run_until_idle(timeout=60)
+
+    assert set(job_states(engine).values()) == {JobState.COMPLETED}
+
+
+def test_two_migrations_at_once_through_the_bouncer_queue_on_the_transaction_lock(
+    bouncer_engine: Engine,
+) -> None:
+    errors: list[BaseException] = []
+
+    def migrate() -> None:
+        try:
+            sa_jobs.migrate(bouncer_engine)
+        except BaseException as exc:  # reported below, with the other thread's
+            errors.append(exc)
+
+    threads = [threading.Thread(target=migrate) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
