@@ -126,9 +126,18 @@ def _engine_for(raw: URL | str) -> Engine:
     # A plain postgresql:// URL means psycopg 3 (sa_jobs' own driver), and an async
     # driver's URL its sync form.
     driver = url.get_driver_name() if "+" in url.drivername else "psycopg"
-    engine = create_engine(in_driver(url, SYNC_FORMS.get(driver, driver)), poolclass=NullPool)
-    _check_driver(engine)
-    return engine
+    driver = SYNC_FORMS.get(driver, driver)
+    if driver not in _LISTENING_DRIVERS:
+        raise InvalidOptionsError(
+            "listen_engine",
+            f"its {driver} connections cannot wait for notifications; use psycopg 3 or psycopg2",
+        )
+    try:
+        return create_engine(in_driver(url, driver), poolclass=NullPool)
+    except (ImportError, ArgumentError) as exc:
+        raise InvalidOptionsError(
+            "listen_engine", f"cannot make an engine of {driver} ({exc}); is it installed?"
+        ) from exc
 
 
 def _check_driver(engine: Engine) -> None:
@@ -316,7 +325,7 @@ class Notifier(Service):
         with self._engine.begin() as connection:
             connection.execute(select_(func.pg_notify(channel, "")))
         deadline = time.monotonic() + PROBE_TIMEOUT
-        while not self.stopping.is_set():
+        while not self.stopping.is_set():  # a stop ends the probe; run_loop then returns
             left = deadline - time.monotonic()
             if left <= 0:
                 raise _ProbeFailed
@@ -357,6 +366,10 @@ class Notifier(Service):
                 self._log_failure("could not open the listen connection", exc)
                 self.stopping.wait(self._backoff.next_wait())
                 continue
+            if self.stopping.is_set():  # stopped while probing
+                with contextlib.suppress(Exception):
+                    pooled.close()
+                return
             try:
                 self._backoff.reset()
                 self.connected.set()

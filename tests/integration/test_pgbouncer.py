@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 import pytest
 from sqlalchemy import Engine, text
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import sa_jobs
@@ -311,6 +311,8 @@ def test_a_listen_engine_on_another_database_is_refused_at_start(
         ({"listen_engine": 42}, "must be an Engine or a database URL, got int"),
         ({"poll_only": "yes"}, "must be True or False"),
         ({"poll_only": True, "listen_engine": "postgresql://h/db"}, "one or the other"),
+        ({"listen_engine": "postgresql+pg8000://h/db"}, "cannot wait for notifications"),
+        ({"listen_engine": create_async_engine("postgresql+psycopg://h/db")}, "sync Engine"),
     ],
 )
 def test_bad_listen_options_are_refused_when_the_worker_is_built(
