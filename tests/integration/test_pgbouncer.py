@@ -236,13 +236,8 @@ def test_without_a_listen_engine_the_worker_finds_out_and_polls_saying_so(
     warning = [r for r in caplog.records if "received no notification" in r.getMessage()]
     assert len(warning) == 1 and warning[0].levelno == logging.WARNING
     message = warning[0].getMessage()
-    assert f"127.0.0.1:{pgbouncer_port(bouncer_engine)}" in message
+    assert f"127.0.0.1:{bouncer_engine.url.port}/" in message
     assert "listen_engine" in message and "poll_only=True" in message
-
-
-def pgbouncer_port(engine: Engine) -> int:
-    assert engine.url.port is not None
-    return engine.url.port
 
 
 def test_with_a_direct_listen_engine_the_worker_says_where_it_listens(
