@@ -22,6 +22,7 @@ from tests.helpers import (
     recorded_statements,
     reset_effects,
 )
+from tests.pgbouncer import PgBouncer, running_pgbouncer
 
 
 @pytest.fixture(scope="session")
@@ -90,3 +91,21 @@ def statements(engine: Engine) -> Iterator[list[str]]:
 def effect_table(engine: Engine) -> None:
     """The (empty) table handlers write their effects to (see ``tests.helpers.effects``)."""
     reset_effects(engine)
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(database_url: URL) -> Iterator[PgBouncer]:
+    """A PgBouncer of the tests' own, in transaction pooling mode, in front of the test
+    database (see ``tests.pgbouncer``); skipped where pgbouncer is not installed."""
+    with running_pgbouncer(database_url) as bouncer:
+        yield bouncer
+
+
+@pytest.fixture
+def bouncer_engine(pgbouncer: PgBouncer) -> Iterator[Engine]:
+    """An engine through PgBouncer, as ``docs/operations.md`` says to build one: psycopg 3
+    never prepares statements on the server (they would not survive a transaction)."""
+    with engine_at(
+        pgbouncer.url, pool_size=10, max_overflow=10, connect_args={"prepare_threshold": None}
+    ) as engine:
+        yield engine

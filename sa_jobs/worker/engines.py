@@ -16,13 +16,19 @@ of either kind, on any of psycopg 3, psycopg2 or asyncpg (pg8000 works too, poll
   at the same time, so the worker never shares its pool. It uses :func:`own_pool`: the
   same dialect, URL, ``creator``/``connect_args`` and pool events, with a pool of its
   own that is emptied when the worker stops.
+* Behind PgBouncer in transaction mode a server-side prepared statement does not survive
+  its transaction, so psycopg 3 must not prepare (``prepare_threshold=None``). A derived
+  async engine prepares as the given sync engine's connections do (psycopg 2 never
+  prepares, so neither does the engine derived from it), and at start the worker warns
+  when its engine reaches the server through a pooler and still prepares
+  (:func:`prepare_warning`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, text
+from sqlalchemy import Connection, Engine, create_engine, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from sa_jobs.errors import InvalidOptionsError
@@ -33,6 +39,7 @@ __all__ = [
     "async_identity",
     "database_identity",
     "own_pool",
+    "prepare_warning",
 ]
 
 
@@ -48,6 +55,45 @@ _IDENTITY = text(
     "(SELECT oid FROM pg_database WHERE datname = current_database()), "
     "to_regclass('sa_job')::oid"
 )
+
+
+def _prepare_threshold(connection: Connection) -> int | None:
+    """psycopg 3's ``prepare_threshold`` of this connection; None for a driver that never
+    prepares statements on the server by itself (psycopg2)."""
+    threshold = getattr(connection.connection.driver_connection, "prepare_threshold", None)
+    return threshold if isinstance(threshold, int) else None
+
+
+def _reported_pid(connection: Connection) -> int | None:
+    """The backend pid the client was told at connect (a pooler tells its own)."""
+    driver: Any = connection.connection.driver_connection
+    info = getattr(driver, "info", None)  # psycopg 3
+    pid = getattr(info, "backend_pid", None)
+    if pid is None and callable(getattr(driver, "get_backend_pid", None)):  # psycopg2
+        pid = driver.get_backend_pid()
+    return pid if isinstance(pid, int) else None
+
+
+def prepare_warning(connection: Connection) -> str | None:
+    """What to say when ``connection`` reaches the server through a pooler (the backend
+    pid it was given at connect is not the server's: PgBouncer hands out its own) and
+    psycopg 3 still prepares statements on the server, which PgBouncer in transaction
+    mode (before 1.21, or without ``max_prepared_statements``) loses between
+    transactions. None when neither is the case. A session-mode pooler would be fine;
+    hence a warning, not an error."""
+    threshold = _prepare_threshold(connection)
+    reported = _reported_pid(connection)
+    if threshold is None or reported is None:
+        return None
+    if connection.scalar(select(func.pg_backend_pid())) == reported:
+        return None
+    return (
+        "the worker's engine reaches the server through a connection pooler (PgBouncer?) "
+        f"and psycopg 3 prepares statements run {threshold} times on the server; in "
+        'transaction pooling mode they fail with \'prepared statement "_pg3_0" does not '
+        "exist'. Build the engine with create_engine(url, connect_args="
+        '{"prepare_threshold": None}) (see docs/operations.md)'
+    )
 
 
 def database_identity(connection: Connection) -> tuple[Any, ...]:
@@ -185,8 +231,12 @@ class WorkerEngines:
                 async_driver = ASYNC_FORMS.get(driver)
                 if async_driver is None:
                     raise InvalidOptionsError("async_engine", self.async_problem or driver)
+                with self.sync.connect() as connection:
+                    threshold = _prepare_threshold(connection)
                 self._async = create_async_engine(
-                    in_driver(self.sync.url, async_driver), **_DERIVED_POOL
+                    in_driver(self.sync.url, async_driver),
+                    connect_args={"prepare_threshold": threshold},
+                    **_DERIVED_POOL,
                 )
         return self._async
 

@@ -23,11 +23,11 @@ from sa_jobs.models import Job
 from sa_jobs.schema import Features
 from sa_jobs.worker.aio import EventLoopThread
 from sa_jobs.worker.completer import BatchCompleter, Completer, InlineCompleter, OutcomeWriter
-from sa_jobs.worker.engines import WorkerEngines
+from sa_jobs.worker.engines import WorkerEngines, prepare_warning
 from sa_jobs.worker.execution import Execution, Interrupt, run_async, run_sync
 from sa_jobs.worker.handlers import HandlerRegistry
 from sa_jobs.worker.maintenance.loop import MaintenanceConfig, MaintenanceLoop
-from sa_jobs.worker.notifier import Notifier
+from sa_jobs.worker.notifier import ListenOptions, Notifier, check_same_database
 from sa_jobs.worker.pool import HandlerThreads
 from sa_jobs.worker.producer import Producer, fetch_jobs
 from sa_jobs.worker.retry import RetryPolicy
@@ -56,6 +56,7 @@ class RunSettings(Protocol):
     poll_interval: float
     interrupt_grace: float
     stuck_thread_limit: int
+    listen: ListenOptions
 
     @property
     def completer_kind(self) -> Literal["batch", "inline"]: ...
@@ -129,6 +130,11 @@ class WorkerRun:
                 self.loop.check_engines()
         with self.engine.connect() as connection:
             features = Features.of(connection)
+            behind_pooler = prepare_warning(connection)
+        if behind_pooler is not None:
+            log.warning("%s", behind_pooler)
+        if worker.listen.engine is not None:
+            check_same_database(worker.listen.engine, self.engine)
         self.pool = HandlerThreads("sa_jobs-job", worker.stuck_thread_limit, self._release_slot)
         writer = OutcomeWriter(
             self.engine,
@@ -171,6 +177,9 @@ class WorkerRun:
             on_cancel=self.cancel_running,
             on_connect=self.wake_all,
             stopping=self.closing,
+            listen=worker.listen,
+            poll_interval=worker.poll_interval,
+            heartbeat_interval=worker.maintenance_config.heartbeat_interval,
         )
         self.maintenance.start()
         self._started.append("maintenance")

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal, Protocol, TypeVar, cast, overload
 
-from sqlalchemy import Engine, exists, func, select
+from sqlalchemy import URL, Engine, exists, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
@@ -34,6 +34,7 @@ from sa_jobs.states import JobState
 from sa_jobs.worker.engines import WorkerEngines
 from sa_jobs.worker.handlers import HandlerRegistry
 from sa_jobs.worker.maintenance.loop import MaintenanceConfig
+from sa_jobs.worker.notifier import ListenOptions
 from sa_jobs.worker.retry import DEFAULT_RETRY_POLICY, RetryPolicy, retry_delay
 from sa_jobs.worker.run import SHUTDOWN_FLUSH_TIMEOUT, WorkerRun
 
@@ -98,6 +99,14 @@ class Worker:
         stuck_thread_limit: How many threads stuck in handlers that ignore their timeout
             are replaced before the worker stops reusing their slots (default: the
             total concurrency). See ``docs/workers.md``.
+        listen_engine: Where the ``LISTEN`` connection comes from, when the worker's
+            engine cannot hold one: behind PgBouncer in transaction mode, an ``Engine``
+            (or a URL) with a **direct** connection to the same database (psycopg 3 or
+            psycopg2; checked at start). Default: the worker's engine.
+        poll_only: Never ``LISTEN``: poll for new jobs every ``poll_interval`` and find
+            cancel requests at each heartbeat. Without either option, a listen
+            connection that receives no notification (a transaction pooler) makes the
+            worker poll with a warning. See ``docs/operations.md``.
     """
 
     def __init__(
@@ -115,7 +124,11 @@ class Worker:
         async_engine: AsyncEngine | None = None,
         stuck_thread_limit: int | None = None,
         sync_engine: Engine | None = None,
+        listen_engine: Engine | URL | str | None = None,
+        poll_only: bool = False,
     ) -> None:
+        #: Where notifications come from (``listen_engine``, ``poll_only``).
+        self.listen = ListenOptions.build(listen_engine, poll_only)
         self.engines = WorkerEngines(engine, sync_engine=sync_engine, async_engine=async_engine)
         #: The engine of the worker's threads (the given one, unless that is async).
         self.engine: Engine = self.engines.sync

@@ -4,7 +4,10 @@ Run as ``python -m tests.acceptance.worker_app`` (from the repository's root) wi
 
 * ``SA_JOBS_TEST_URL`` — the database (required);
 * ``SA_JOBS_TEST_WORKER_ID`` — the worker's id (optional);
-* ``SA_JOBS_TEST_GRACE`` — the worker's ``interrupt_grace`` in seconds (default 5).
+* ``SA_JOBS_TEST_GRACE`` — the worker's ``interrupt_grace`` in seconds (default 5);
+* ``SA_JOBS_TEST_BEHIND_PGBOUNCER`` — a URL through PgBouncer in transaction mode: build
+  the engines as ``docs/operations.md`` says (no server-side prepared statements) and
+  ``LISTEN`` on a direct connection to ``SA_JOBS_TEST_URL``.
 
 Maintenance is fast (heartbeat 0.2 s, rescue after 1 s, leader lease 0.6 s) so a test can
 watch a dead process's jobs being rescued. Handlers write what they do into
@@ -20,6 +23,7 @@ import logging
 import os
 import sys
 import time
+from typing import Any
 
 from sqlalchemy import Engine, create_engine, text
 
@@ -109,8 +113,12 @@ def main() -> None:
         format="%(asctime)s %(process)d %(threadName)s %(levelname)s %(name)s: %(message)s",
     )
     url = os.environ["SA_JOBS_TEST_URL"]
-    engine = create_engine(url, pool_size=12)
-    _runs_engine = create_engine(url, pool_size=12)
+    bouncer = os.environ.get("SA_JOBS_TEST_BEHIND_PGBOUNCER")
+    settings: dict[str, Any] = {"pool_size": 12}
+    if bouncer:
+        settings["connect_args"] = {"prepare_threshold": None}
+    engine = create_engine(bouncer or url, **settings)
+    _runs_engine = create_engine(bouncer or url, **settings)
     worker = Worker(
         engine,
         queues={"default": 10},
@@ -119,6 +127,7 @@ def main() -> None:
         maintenance=FAST_RESCUE,
         interrupt_grace=float(os.environ.get("SA_JOBS_TEST_GRACE", "5")),
         worker_id=os.environ.get("SA_JOBS_TEST_WORKER_ID"),
+        listen_engine=url if bouncer else None,
     )
     worker.handler(LongJob)(long_job)
     worker.handler(QuickJob)(quick_job)
