@@ -10,7 +10,7 @@ been derived from the other's URL, which cannot carry a ``creator=`` or ``connec
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import collections
 import contextlib
 import threading
 from collections.abc import Coroutine
@@ -30,6 +30,13 @@ class EventLoopThread:
         self._engines = engines
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="sa_jobs-asyncio", daemon=True)
+        # Coroutines handed over by other threads, started by one wake-up of the loop per
+        # burst (a fetched batch) rather than one per job.
+        self._incoming: collections.deque[Coroutine[Any, Any, None]] = collections.deque()
+        self._wake_scheduled = False
+        self._incoming_lock = threading.Lock()
+        #: Running tasks: the loop keeps only weak references to tasks.
+        self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
         self._thread.start()
@@ -38,8 +45,24 @@ class EventLoopThread:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
-    def submit(self, coroutine: Coroutine[Any, Any, None]) -> concurrent.futures.Future[None]:
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+    def submit(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        """Run ``coroutine`` as a task on the loop (from any thread)."""
+        with self._incoming_lock:
+            self._incoming.append(coroutine)
+            if self._wake_scheduled:
+                return
+            self._wake_scheduled = True
+        self.loop.call_soon_threadsafe(self._start_incoming)
+
+    def _start_incoming(self) -> None:
+        with self._incoming_lock:
+            coroutines = list(self._incoming)
+            self._incoming.clear()
+            self._wake_scheduled = False
+        for coroutine in coroutines:
+            task = self.loop.create_task(coroutine)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
     def async_engine(self) -> AsyncEngine:
         """The async engine handlers' sessions use (checked by :meth:`check_engines`)."""
