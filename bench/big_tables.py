@@ -1,0 +1,423 @@
+"""Does sa_jobs stay fast on a big table? Each statement on an empty table and on a big one.
+
+Production queues keep millions of finished rows (River #59, procrastinate #1454 at 13M
+jobs). This script measures, on a throwaway database with the sa_jobs schema at
+``heads``:
+
+* fetch: the worker's fetch statement (``fetch_jobs``, batches of 10),
+* single insert (``sa_jobs.insert`` + commit) and bulk insert (``insert_many`` of 1,000),
+* one pass of each maintenance service: the scheduler promoting 1,000 due jobs, the
+  rescuer rescuing 1,000 orphans, the cleaner deleting a batch (its ``limit`` per
+  state), the sequence repair restarting 100 stalled sequences,
+
+first on an empty table (only the rows the measurement itself needs), then on a table
+with ``--rows`` finished rows (completed/cancelled/discarded, 80 % of them past their
+retention, some with unique and sequence keys) plus ``--available`` available ones. It
+prints each figure's ratio big/empty, and writes the ``EXPLAIN (ANALYZE, BUFFERS)`` plan
+of every statement each measurement sends, taken on the big table, to ``--plans``.
+
+    python bench/big_tables.py                          # 10M rows: ~15 min on 2 cores
+    python bench/big_tables.py --rows 200000 --available 10000   # a smoke test
+    python bench/big_tables.py --database sa_jobs_big   # keep (or reuse) the big database
+
+The rows are made by the server (``INSERT ... SELECT generate_series``, in chunks), not
+sent from Python. Not a test: too slow for CI; the figures are in docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+from sqlalchemy import URL, Connection, Engine, create_engine, event, text
+from sqlalchemy.orm import Session
+
+import sa_jobs
+from sa_jobs.benchmark.noop import BenchNoop
+from sa_jobs.benchmark.report import environment
+from sa_jobs.devdb import Server, find_server, throwaway_database
+from sa_jobs.models import states_bitmask
+from sa_jobs.options import DEFAULT_UNIQUE_STATES
+from sa_jobs.schema import Features
+from sa_jobs.worker.maintenance.cleaner import Cleaner, Retention
+from sa_jobs.worker.maintenance.rescuer import Rescuer
+from sa_jobs.worker.maintenance.scheduler import Scheduler
+from sa_jobs.worker.maintenance.sequence_repair import SequenceRepair
+from sa_jobs.worker.producer import fetch_jobs
+
+CHUNK = 1_000_000
+FETCH_BATCH = 10
+FETCHES = 100
+SINGLES = 200
+BULK = 1_000
+DUE = 1_000
+ORPHANS = 1_000
+STALLED = 100
+CLEANER_LIMIT = 10_000
+
+# Finished history: 90 % completed, 4 % cancelled, 6 % discarded; 80 % finalized 8 to
+# 38 days ago (past every default retention), 20 % within the last day (kept). One in
+# five holds a unique key (the default unique states include completed), one in ten
+# has a sequence key (finished, so it holds no slot).
+FINISHED_ROWS = """
+INSERT INTO sa_job (kind, args, state, queue, priority, attempt, run_count, errors,
+    scheduled_at, created_at, attempted_at, attempted_by, finalized_at,
+    unique_key, unique_states, sequence_key)
+SELECT 'kind_' || (i % 7), jsonb_build_object('account_id', i, 'trace_id', md5(i::text)),
+    (CASE WHEN i % 100 < 90 THEN 'completed' WHEN i % 100 < 94 THEN 'cancelled'
+          ELSE 'discarded' END)::sa_job_state,
+    (ARRAY['default', 'mail', 'reports', 'default'])[1 + i % 4], 1 + i % 4, 1, 1,
+    CASE WHEN i % 100 >= 94 THEN '[{"error": "boom", "attempt": 1}]'::jsonb
+         ELSE '[]'::jsonb END,
+    f - interval '1 minute', f - interval '1 minute', f - interval '1 second',
+    ARRAY['worker-' || (i % 16)], f,
+    CASE WHEN i % 5 = 0 THEN decode(md5(i::text), 'hex') END,
+    CASE WHEN i % 5 = 0 THEN CAST(:bitmask AS bit(8)) END,
+    CASE WHEN i % 10 = 1 THEN decode(md5('s' || (i % 10000)), 'hex') END
+FROM (
+    SELECT i, CASE WHEN i % 10 < 8
+                   THEN now() - interval '8 days' - (i % 2592000) * interval '1 second'
+                   ELSE now() - (i % 80000) * interval '1 second' END AS f
+    FROM generate_series(CAST(:lo AS bigint), CAST(:hi AS bigint)) AS i
+) AS s
+"""
+
+AVAILABLE_ROWS = """
+INSERT INTO sa_job (kind, args, queue, priority, scheduled_at)
+SELECT 'kind_' || (i % 7), jsonb_build_object('account_id', i), :queue, 1 + i % 4,
+    now() - interval '1 hour' + i * interval '1 millisecond'
+FROM generate_series(1, CAST(:n AS bigint)) AS i
+"""
+
+EXPIRED_ROWS = """
+INSERT INTO sa_job (kind, args, state, queue, attempt, run_count, finalized_at)
+SELECT 'kind_0', '{}'::jsonb, st, 'clean', 1, 1, now() - interval '30 days'
+FROM generate_series(1, CAST(:n AS bigint)) AS i,
+     unnest(ARRAY['completed', 'cancelled', 'discarded']::sa_job_state[]) AS st
+"""
+
+DUE_ROWS = """
+INSERT INTO sa_job (kind, args, state, queue, scheduled_at)
+SELECT 'kind_0', '{}'::jsonb, 'scheduled', 'sched', now() - interval '1 minute'
+FROM generate_series(1, CAST(:n AS bigint)) AS i
+"""
+
+ORPHAN_ROWS = """
+INSERT INTO sa_job (kind, args, state, queue, attempt, run_count, attempted_at, attempted_by)
+SELECT 'kind_0', '{}'::jsonb, 'running', 'resc', 1, 1, now() - interval '1 hour',
+    ARRAY['gone-worker']
+FROM generate_series(1, CAST(:n AS bigint)) AS i
+"""
+
+STALLED_ROWS = """
+INSERT INTO sa_job (kind, args, state, queue, sequence_key)
+SELECT 'kind_0', '{}'::jsonb, 'pending', 'seq', decode(md5('stalled' || i || :salt), 'hex')
+FROM generate_series(1, CAST(:n AS bigint)) AS i
+"""
+
+
+@attrs.frozen
+class Case:
+    """One measurement: ``setup`` (untimed) returns the first id it made (or 0);
+    ``run`` is timed; ``teardown`` (untimed) gets that id back."""
+
+    name: str
+    unit: str
+    ops: int
+    setup: Callable[[Engine], int]
+    run: Callable[[Engine], object]
+    teardown: Callable[[Engine, int], None] = lambda _engine, _first: None
+
+
+def _exec(engine: Engine, sql: str, **params: Any) -> None:
+    with engine.begin() as connection:
+        connection.execute(text(sql), params)
+
+
+def _next_id(engine: Engine) -> int:
+    with engine.connect() as connection:
+        return int(connection.scalar(text("SELECT coalesce(max(id), 0) + 1 FROM sa_job")) or 1)
+
+
+def _rows(sql: str, **params: Any) -> Callable[[Engine], int]:
+    def setup(engine: Engine) -> int:
+        first = _next_id(engine)
+        _exec(engine, sql, **params)
+        return first
+
+    return setup
+
+
+def _delete_from(queue: str) -> Callable[[Engine, int], None]:
+    # By id range: the big table has no index on queue alone.
+    def teardown(engine: Engine, first: int) -> None:
+        _exec(engine, "DELETE FROM sa_job WHERE id >= :first AND queue = :q", first=first, q=queue)
+
+    return teardown
+
+
+def _in_transaction(action: Callable[[Connection], object]) -> Callable[[Engine], object]:
+    def run(engine: Engine) -> object:
+        with engine.begin() as connection:
+            return action(connection)
+
+    return run
+
+
+def cases(features: Features) -> list[Case]:
+    def fetch(engine: Engine) -> None:
+        for _ in range(FETCHES):
+            fetch_jobs(engine, "default", FETCH_BATCH, "bench-fetch", features=features)
+
+    def singles(engine: Engine) -> None:
+        for seq in range(SINGLES):
+            with Session(engine) as session:
+                sa_jobs.insert(session, BenchNoop(seq=seq), queue="ins")
+                session.commit()
+
+    def bulk(engine: Engine) -> None:
+        with Session(engine) as session:
+            sa_jobs.insert_many(session, [BenchNoop(seq=seq) for seq in range(BULK)], queue="ins")
+            session.commit()
+
+    def fetched_teardown(engine: Engine, first: int) -> None:
+        _exec(engine, "DELETE FROM sa_job WHERE id >= :first AND queue = 'default'", first=first)
+
+    retention = Retention()
+    return [
+        Case(
+            "fetch",
+            f"fetch of {FETCH_BATCH}",
+            FETCHES,
+            _rows(AVAILABLE_ROWS, n=FETCH_BATCH * FETCHES, queue="default"),
+            fetch,
+            fetched_teardown,
+        ),
+        Case("insert_single", "insert + commit", SINGLES, lambda _e: 0, singles),
+        Case("insert_bulk", f"insert_many of {BULK}", 1, lambda _e: 0, bulk),
+        Case(
+            "scheduler",
+            f"pass promoting {DUE}",
+            1,
+            _rows(DUE_ROWS, n=DUE),
+            _in_transaction(Scheduler(features=features).run_once),
+            _delete_from("sched"),
+        ),
+        Case(
+            "rescuer",
+            f"pass rescuing {ORPHANS}",
+            1,
+            _rows(ORPHAN_ROWS, n=ORPHANS),
+            _in_transaction(Rescuer(60.0, features=features).run_once),
+            _delete_from("resc"),
+        ),
+        Case(
+            "cleaner",
+            f"pass deleting {CLEANER_LIMIT} per state",
+            1,
+            lambda e: 0,  # replaced per table (see measure)
+            _in_transaction(Cleaner(retention, CLEANER_LIMIT, features=features).run_once),
+        ),
+        Case(
+            "sequence_repair",
+            f"pass restarting {STALLED}",
+            1,
+            lambda e: 0,  # a fresh salt per round (see measure)
+            _in_transaction(SequenceRepair().run_once),
+            _delete_from("seq"),
+        ),
+    ]
+
+
+def _setup_for(case: Case, big: bool, round_no: int) -> Callable[[Engine], int]:
+    if case.name == "cleaner":
+        # The big table holds millions of expired rows; the empty one gets a batch's worth.
+        return (lambda _e: 0) if big else _rows(EXPIRED_ROWS, n=CLEANER_LIMIT)
+    if case.name == "sequence_repair":
+        return _rows(STALLED_ROWS, n=STALLED, salt=f"{int(big)}-{round_no}")
+    return case.setup
+
+
+def measure(engine: Engine, case: Case, *, big: bool, rounds: int) -> float:
+    """Median seconds per op over ``rounds`` rounds (plus one untimed warm-up)."""
+    times = []
+    for round_no in range(rounds + 1):
+        first = _setup_for(case, big, round_no)(engine)
+        start = time.perf_counter()
+        case.run(engine)
+        elapsed = time.perf_counter() - start
+        case.teardown(engine, first)
+        if round_no:
+            times.append(elapsed / case.ops)
+    return statistics.median(times)
+
+
+@contextmanager
+def captured(engine: Engine) -> Iterator[list[tuple[str, Any]]]:
+    """The statements (and parameters) sent to the server meanwhile, one of each text."""
+    seen: dict[str, Any] = {}
+
+    def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if "sa_job" in statement and statement not in seen and isinstance(parameters, dict):
+            seen[statement] = parameters
+
+    event.listen(engine, "before_cursor_execute", record)
+    statements: list[tuple[str, Any]] = []
+    try:
+        yield statements
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+        statements.extend(seen.items())
+
+
+def plans(engine: Engine, case: Case) -> str:
+    """EXPLAIN (ANALYZE, BUFFERS) of each statement ``case`` sends, each in a transaction
+    rolled back (so later statements run without the earlier ones' effects)."""
+    first = _setup_for(case, True, 99)(engine)
+    with captured(engine) as statements:
+        case.run(engine)
+    case.teardown(engine, first)
+    first = _setup_for(case, True, 98)(engine)
+    out = []
+    for statement, parameters in statements:
+        with engine.connect() as connection:
+            rows = connection.exec_driver_sql(
+                "EXPLAIN (ANALYZE, BUFFERS) " + statement, parameters
+            ).all()
+            connection.rollback()
+        out.append(statement + "\n" + "\n".join(row[0] for row in rows))
+    case.teardown(engine, first)
+    return f"=== {case.name} ===\n" + "\n\n".join(out) + "\n"
+
+
+def fill(engine: Engine, rows: int, available: int, say: Callable[[str], None]) -> None:
+    bitmask = states_bitmask(frozenset(DEFAULT_UNIQUE_STATES))
+    for lo in range(1, rows + 1, CHUNK):
+        hi = min(lo + CHUNK - 1, rows)
+        start = time.perf_counter()
+        with engine.begin() as connection:
+            connection.execute(text("SET LOCAL synchronous_commit = off"))
+            connection.execute(text(FINISHED_ROWS), {"lo": lo, "hi": hi, "bitmask": bitmask})
+        say(f"  rows {lo:,}..{hi:,} in {time.perf_counter() - start:.1f} s")
+    _exec(engine, AVAILABLE_ROWS, n=available, queue="default")
+    vacuum(engine)
+
+
+def vacuum(engine: Engine) -> None:
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        connection.execute(text("VACUUM (ANALYZE) sa_job"))
+        connection.execute(text("CHECKPOINT"))
+
+
+def run_all(
+    engine: Engine, *, big: bool, rounds: int, say: Callable[[str], None]
+) -> dict[str, float]:
+    with engine.connect() as connection:
+        features = Features.of(connection)
+    results = {}
+    for case in cases(features):
+        results[case.name] = measure(engine, case, big=big, rounds=rounds)
+        say(f"  {case.name}: {results[case.name] * 1000:.3f} ms per {case.unit}")
+    return results
+
+
+def table_size(engine: Engine) -> str:
+    with engine.connect() as connection:
+        return str(
+            connection.scalar(
+                text(
+                    "SELECT pg_size_pretty(pg_table_size('sa_job')) || ' table, '"
+                    " || pg_size_pretty(pg_indexes_size('sa_job')) || ' indexes'"
+                )
+            )
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=10_000_000, help="finished rows")
+    parser.add_argument("--available", type=int, default=100_000, help="available rows")
+    parser.add_argument("--rounds", type=int, default=7, help="timed rounds per figure")
+    parser.add_argument("--plans", type=Path, default=Path("big_tables_plans.txt"))
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument(
+        "--database",
+        help="build the big table in this database and keep it; reuse it if it exists",
+    )
+    options = parser.parse_args()
+    server = find_server()
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    say(f"server: {server.source}")
+    with throwaway_database(server, prefix="sa_jobs_big_empty") as url:
+        engine = create_engine(url)
+        sa_jobs.migrate(engine)
+        say("empty table:")
+        empty = run_all(engine, big=False, rounds=options.rounds, say=say)
+        engine.dispose()
+    with _big_database(server.url, options.database) as (url, built):
+        engine = create_engine(url)
+        sa_jobs.migrate(engine)
+        if not built:
+            say(f"filling: {options.rows:,} finished rows, {options.available:,} available")
+            fill(engine, options.rows, options.available, say)
+        else:
+            vacuum(engine)
+        size = table_size(engine)
+        say(f"big table ({size}):")
+        big = run_all(engine, big=True, rounds=options.rounds, say=say)
+        with engine.connect() as connection:
+            features = Features.of(connection)
+        options.plans.write_text("".join(plans(engine, case) for case in cases(features)))
+        engine.dispose()
+    say(f"\nplans on the big table: {options.plans}")
+    say(f"{'measure':<16} {'empty ms':>10} {'big ms':>10} {'big/empty':>10}")
+    for name, seconds in empty.items():
+        ratio = big[name] / seconds
+        flag = "" if ratio <= 1.5 else "  > 1.5x"
+        say(f"{name:<16} {seconds * 1000:>10.3f} {big[name] * 1000:>10.3f} {ratio:>10.2f}{flag}")
+    if options.json:
+        report = {
+            "settings": vars(options) | {"plans": str(options.plans), "json": str(options.json)},
+            "environment": environment(),
+            "big_table": size,
+            "empty_seconds": empty,
+            "big_seconds": big,
+        }
+        options.json.write_text(json.dumps(report, indent=2))
+
+
+@contextmanager
+def _big_database(server_url: URL, name: str | None) -> Iterator[tuple[URL, bool]]:
+    """A throwaway database, or ``name`` kept for the next run (built: it had a table)."""
+    if name is None:
+        with throwaway_database(Server(server_url, "given"), prefix="sa_jobs_big") as url:
+            yield url, False
+        return
+    admin = create_engine(server_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        exists = connection.scalar(
+            text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}
+        )
+        if not exists:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    url = server_url.set(database=name)
+    probe = create_engine(url)
+    with probe.connect() as connection:
+        built = bool(connection.scalar(text("SELECT to_regclass('sa_job') IS NOT NULL")))
+    probe.dispose()
+    yield url, built
+
+
+if __name__ == "__main__":
+    main()
