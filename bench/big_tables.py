@@ -14,7 +14,8 @@ first on an empty table (only the rows the measurement itself needs), then on a 
 with ``--rows`` finished rows (completed/cancelled/discarded, 80 % of them past their
 retention, some with unique and sequence keys) plus ``--available`` available ones. It
 prints each figure's ratio big/empty, and writes the ``EXPLAIN (ANALYZE, BUFFERS)`` plan
-of every statement each measurement sends, taken on the big table, to ``--plans``.
+of every statement each measurement sends, on each table, to ``--plans``. The rounds
+alternate between the two tables, so load from elsewhere weighs on both alike.
 
     python bench/big_tables.py                          # 10M rows: ~15 min on 2 cores
     python bench/big_tables.py --rows 200000 --available 10000   # a smoke test
@@ -245,56 +246,65 @@ def _setup_for(case: Case, big: bool, round_no: int) -> Callable[[Engine], int]:
     return case.setup
 
 
-def measure(engine: Engine, case: Case, *, big: bool, rounds: int) -> float:
-    """Median seconds per op over ``rounds`` rounds (plus one untimed warm-up)."""
-    times = []
+def one_round(engine: Engine, case: Case, *, big: bool, round_no: int) -> float:
+    """Seconds per op of one timed round."""
+    first = _setup_for(case, big, round_no)(engine)
+    start = time.perf_counter()
+    case.run(engine)
+    elapsed = time.perf_counter() - start
+    case.teardown(engine, first)
+    return elapsed / case.ops
+
+
+def measure(empty: Engine, big: Engine, case: Case, rounds: int) -> tuple[float, float]:
+    """Median seconds per op on each table over ``rounds`` rounds, after one untimed
+    warm-up; the rounds alternate between the tables, so other load on the machine
+    weighs on both alike."""
+    times: dict[bool, list[float]] = {False: [], True: []}
     for round_no in range(rounds + 1):
-        first = _setup_for(case, big, round_no)(engine)
-        start = time.perf_counter()
-        case.run(engine)
-        elapsed = time.perf_counter() - start
-        case.teardown(engine, first)
-        if round_no:
-            times.append(elapsed / case.ops)
-    return statistics.median(times)
+        for engine, is_big in ((empty, False), (big, True)):
+            seconds = one_round(engine, case, big=is_big, round_no=round_no)
+            if round_no:
+                times[is_big].append(seconds)
+    return statistics.median(times[False]), statistics.median(times[True])
 
 
 @contextmanager
-def captured(engine: Engine) -> Iterator[list[tuple[str, Any]]]:
-    """The statements (and parameters) sent to the server meanwhile, one of each text."""
-    seen: dict[str, Any] = {}
+def explained(engine: Engine) -> Iterator[list[str]]:
+    """The plan of each statement (the first of each text) sent meanwhile.
 
-    def record(_conn: Any, _cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if "sa_job" in statement and statement not in seen and isinstance(parameters, dict):
-            seen[statement] = parameters
+    Each statement is first run under ``EXPLAIN (ANALYZE, BUFFERS)`` on the same cursor,
+    in a savepoint rolled back at once, so it is planned and run in its real context and
+    then runs for real as if nothing had happened.
+    """
+    seen: set[str] = set()
+    found: list[str] = []
 
-    event.listen(engine, "before_cursor_execute", record)
-    statements: list[tuple[str, Any]] = []
+    def explain(_conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if "sa_job" not in statement or statement in seen or not isinstance(parameters, dict):
+            return
+        seen.add(statement)
+        cursor.execute("SAVEPOINT sa_jobs_explain")
+        cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + statement, parameters)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        cursor.execute("ROLLBACK TO SAVEPOINT sa_jobs_explain")
+        found.append(statement + "\n" + plan)
+
+    event.listen(engine, "before_cursor_execute", explain)
     try:
-        yield statements
+        yield found
     finally:
-        event.remove(engine, "before_cursor_execute", record)
-        statements.extend(seen.items())
+        event.remove(engine, "before_cursor_execute", explain)
 
 
-def plans(engine: Engine, case: Case) -> str:
-    """EXPLAIN (ANALYZE, BUFFERS) of each statement ``case`` sends, each in a transaction
-    rolled back (so later statements run without the earlier ones' effects)."""
-    first = _setup_for(case, True, 99)(engine)
-    with captured(engine) as statements:
+def plans(engine: Engine, case: Case, *, big: bool) -> str:
+    """The plans of the statements one round of ``case`` sends."""
+    first = _setup_for(case, big, 99)(engine)
+    with explained(engine) as found:
         case.run(engine)
     case.teardown(engine, first)
-    first = _setup_for(case, True, 98)(engine)
-    out = []
-    for statement, parameters in statements:
-        with engine.connect() as connection:
-            rows = connection.exec_driver_sql(
-                "EXPLAIN (ANALYZE, BUFFERS) " + statement, parameters
-            ).all()
-            connection.rollback()
-        out.append(statement + "\n" + "\n".join(row[0] for row in rows))
-    case.teardown(engine, first)
-    return f"=== {case.name} ===\n" + "\n\n".join(out) + "\n"
+    table = "big" if big else "empty"
+    return f"=== {case.name}, {table} table ===\n" + "\n\n".join(found) + "\n"
 
 
 def fill(engine: Engine, rows: int, available: int, say: Callable[[str], None]) -> None:
@@ -317,14 +327,15 @@ def vacuum(engine: Engine) -> None:
 
 
 def run_all(
-    engine: Engine, *, big: bool, rounds: int, say: Callable[[str], None]
-) -> dict[str, float]:
-    with engine.connect() as connection:
+    empty: Engine, big: Engine, *, rounds: int, say: Callable[[str], None]
+) -> dict[str, tuple[float, float]]:
+    with big.connect() as connection:
         features = Features.of(connection)
     results = {}
     for case in cases(features):
-        results[case.name] = measure(engine, case, big=big, rounds=rounds)
-        say(f"  {case.name}: {results[case.name] * 1000:.3f} ms per {case.unit}")
+        results[case.name] = measure(empty, big, case, rounds)
+        ms = [f"{seconds * 1000:.3f}" for seconds in results[case.name]]
+        say(f"  {case.name}: {ms[0]} ms empty, {ms[1]} ms big, per {case.unit}")
     return results
 
 
@@ -358,40 +369,45 @@ def main() -> None:
         print(line, flush=True)
 
     say(f"server: {server.source}")
-    with throwaway_database(server, prefix="sa_jobs_big_empty") as url:
-        engine = create_engine(url)
-        sa_jobs.migrate(engine)
-        say("empty table:")
-        empty = run_all(engine, big=False, rounds=options.rounds, say=say)
-        engine.dispose()
-    with _big_database(server.url, options.database) as (url, built):
-        engine = create_engine(url)
-        sa_jobs.migrate(engine)
+    with (
+        throwaway_database(server, prefix="sa_jobs_big_empty") as empty_url,
+        _big_database(server.url, options.database) as (big_url, built),
+    ):
+        empty, big = create_engine(empty_url), create_engine(big_url)
+        sa_jobs.migrate(empty)
+        sa_jobs.migrate(big)
         if not built:
             say(f"filling: {options.rows:,} finished rows, {options.available:,} available")
-            fill(engine, options.rows, options.available, say)
+            fill(big, options.rows, options.available, say)
         else:
-            vacuum(engine)
-        size = table_size(engine)
-        say(f"big table ({size}):")
-        big = run_all(engine, big=True, rounds=options.rounds, say=say)
-        with engine.connect() as connection:
+            vacuum(big)
+        vacuum(empty)
+        size = table_size(big)
+        say(f"big table: {size}")
+        results = run_all(empty, big, rounds=options.rounds, say=say)
+        with big.connect() as connection:
             features = Features.of(connection)
-        options.plans.write_text("".join(plans(engine, case) for case in cases(features)))
-        engine.dispose()
-    say(f"\nplans on the big table: {options.plans}")
+        options.plans.write_text(
+            "".join(
+                plans(engine, case, big=is_big)
+                for case in cases(features)
+                for engine, is_big in ((empty, False), (big, True))
+            )
+        )
+        empty.dispose()
+        big.dispose()
+    say(f"\nplans: {options.plans}")
     say(f"{'measure':<16} {'empty ms':>10} {'big ms':>10} {'big/empty':>10}")
-    for name, seconds in empty.items():
-        ratio = big[name] / seconds
+    for name, (on_empty, on_big) in results.items():
+        ratio = on_big / on_empty
         flag = "" if ratio <= 1.5 else "  > 1.5x"
-        say(f"{name:<16} {seconds * 1000:>10.3f} {big[name] * 1000:>10.3f} {ratio:>10.2f}{flag}")
+        say(f"{name:<16} {on_empty * 1000:>10.3f} {on_big * 1000:>10.3f} {ratio:>10.2f}{flag}")
     if options.json:
         report = {
             "settings": vars(options) | {"plans": str(options.plans), "json": str(options.json)},
             "environment": environment(),
             "big_table": size,
-            "empty_seconds": empty,
-            "big_seconds": big,
+            "seconds_empty_big": results,
         }
         options.json.write_text(json.dumps(report, indent=2))
 
