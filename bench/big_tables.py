@@ -281,9 +281,15 @@ def explained(engine: Engine) -> Iterator[list[str]]:
     found: list[str] = []
 
     def explain(_conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if "sa_job" not in statement or statement in seen or not isinstance(parameters, dict):
+        if "sa_job" not in statement or not isinstance(parameters, dict):
             return
-        seen.add(statement)
+        # Short values count (the cleaner's one statement per state); long ones do not
+        # (the rows of an insert, the ids of a batch).
+        short = sorted((k, str(v)) for k, v in parameters.items() if len(str(v)) < 40)
+        key = statement + repr(short)
+        if key in seen:
+            return
+        seen.add(key)
         cursor.execute("SAVEPOINT sa_jobs_explain")
         cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + statement, parameters)
         plan = "\n".join(row[0] for row in cursor.fetchall())
