@@ -9,9 +9,9 @@ cleaner's delete), and their entries sit in the fetch index ahead of the live on
 PostgreSQL's default ``autovacuum_vacuum_scale_factor`` of 0.2, a table holding 10
 million finished jobs is vacuumed only once 2 million rows are dead. At 0.01 it is
 vacuumed every 100,000: on 10M rows, after 100,000 jobs went through, that VACUUM took
-1.2 s (the visibility map skips the untouched history) and brought the fetch back from
-1.54x to 1.24x of its vacuumed time (docs/operations.md, "Big tables"). The setting is
-per table, so nothing else in the database changes.
+1.2-1.9 s (the visibility map skips the untouched history) and brought the fetch from
+1.54x to 1.24x (another run: 1.20x to 0.73x) of its vacuumed time (docs/operations.md,
+"Big tables"). The setting is per table, so nothing else in the database changes.
 """
 
 from __future__ import annotations
