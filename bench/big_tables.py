@@ -18,7 +18,7 @@ prints each figure's ratio big/empty, and writes the ``EXPLAIN (ANALYZE, BUFFERS
 of every statement each measurement sends, on each table, to ``--plans``. The rounds
 alternate between the two tables, so load from elsewhere weighs on both alike.
 
-    python bench/big_tables.py                          # 10M rows: ~15 min on 2 cores
+    python bench/big_tables.py                          # 10M rows: ~7 min on 2 cores
     python bench/big_tables.py --rows 200000 --available 10000   # a smoke test
     python bench/big_tables.py --database sa_jobs_big   # keep (or reuse) the big database
 
