@@ -21,6 +21,7 @@ ALL_REVISIONS = [
     "sajobs_core_0002",
     "sajobs_core_0003",
     "sajobs_core_0004",
+    "sajobs_core_0005",
     "sajobs_unique_0001",
     "sajobs_unique_0002",
     "sajobs_sequence_0001",
@@ -98,7 +99,7 @@ def test_migrate_one_branch_then_the_rest_applies_only_whats_missing(cli: Run) -
     _, out, _ = cli("migrate")
     applied = [line.split()[1] for line in out.splitlines()[:-1]]
     assert applied == [
-        *ALL_REVISIONS[1:4],
+        *ALL_REVISIONS[1:5],
         "sajobs_sequence_0001",
         "sajobs_job_key_0001",
         "sajobs_job_key_0002",
@@ -145,28 +146,31 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
     code, out, err = cli("migrate", "--status")
     assert (code, err) == (0, "")
     assert status_rows(out) == {
-        "sa_jobs_core": ("-", ", ".join(ALL_REVISIONS[:4])),
+        "sa_jobs_core": ("-", ", ".join(ALL_REVISIONS[:5])),
         "sa_jobs_unique": ("-", "sajobs_unique_0001, sajobs_unique_0002"),
         "sa_jobs_sequence": ("-", "sajobs_sequence_0001"),
         "sa_jobs_job_key": ("-", "sajobs_job_key_0001, sajobs_job_key_0002"),
     }
-    assert out.splitlines()[-1] == "9 revisions pending: run sa-jobs migrate"
+    assert out.splitlines()[-1] == "10 revisions pending: run sa-jobs migrate"
 
     cli("migrate", "--target", "sajobs_core_0002")
     cli("migrate", "--target", "sajobs_unique_0001")
     _, out, _ = cli("migrate", "--status")
     assert status_rows(out) == {
-        "sa_jobs_core": ("sajobs_core_0002", "sajobs_core_0003, sajobs_core_0004"),
+        "sa_jobs_core": (
+            "sajobs_core_0002",
+            "sajobs_core_0003, sajobs_core_0004, sajobs_core_0005",
+        ),
         "sa_jobs_unique": ("sajobs_unique_0001", "sajobs_unique_0002"),
         "sa_jobs_sequence": ("-", "sajobs_sequence_0001"),
         "sa_jobs_job_key": ("-", "sajobs_job_key_0001, sajobs_job_key_0002"),
     }
-    assert out.splitlines()[-1] == "6 revisions pending: run sa-jobs migrate"
+    assert out.splitlines()[-1] == "7 revisions pending: run sa-jobs migrate"
 
     cli("migrate")
     _, out, _ = cli("migrate", "--status")
     assert status_rows(out) == {
-        "sa_jobs_core": ("sajobs_core_0004", "-"),
+        "sa_jobs_core": ("sajobs_core_0005", "-"),
         "sa_jobs_unique": ("sajobs_unique_0002", "-"),
         "sa_jobs_sequence": ("sajobs_sequence_0001", "-"),
         "sa_jobs_job_key": ("sajobs_job_key_0002", "-"),
@@ -186,7 +190,7 @@ def test_status_reads_an_applications_alembic_version(cli: Run, blank_url: URL) 
     code, out, _ = cli("migrate", "--status")
 
     assert code == 0
-    assert status_rows(out)["sa_jobs_core"] == ("sajobs_core_0004", "-")
+    assert status_rows(out)["sa_jobs_core"] == ("sajobs_core_0005", "-")
     assert status_rows(out)["sa_jobs_unique"] == ("-", "sajobs_unique_0001, sajobs_unique_0002")
     assert (
         out.splitlines()[-1]

@@ -78,7 +78,7 @@ VERSION_TABLES = ("alembic_version", VERSION_TABLE)
 # table the object belongs to (or the object itself), so version tables can be left out.
 CATALOG_QUERIES = {
     "relations": """
-        SELECT relname, relkind FROM pg_class
+        SELECT relname, relkind, reloptions FROM pg_class
         WHERE relnamespace = 'public'::regnamespace AND relkind NOT IN ('i', 'I', 'c', 't')
     """,
     "columns": """
@@ -236,6 +236,27 @@ def test_every_revision_downgrades_to_exactly_the_schema_before_it(blank_engine:
 
     sa_jobs.migrate(blank_engine)
     assert schema_snapshot(blank_engine) == at_heads
+
+
+def job_table_options(engine: Engine) -> list[str] | None:
+    with engine.connect() as connection:
+        options: list[str] | None = connection.scalar(
+            text("SELECT reloptions FROM pg_class WHERE oid = 'sa_job'::regclass")
+        )
+    return options
+
+
+def test_core_0005_sets_the_job_tables_vacuum_threshold_and_its_downgrade_resets_it(
+    blank_engine: Engine,
+) -> None:
+    sa_jobs.migrate(blank_engine, "sajobs_core_0004")
+    assert job_table_options(blank_engine) is None  # PostgreSQL's defaults
+
+    sa_jobs.migrate(blank_engine, "sajobs_core_0005")
+    assert job_table_options(blank_engine) == ["autovacuum_vacuum_scale_factor=0.01"]
+
+    sa_jobs.downgrade(blank_engine, "sajobs_core_0004")
+    assert job_table_options(blank_engine) is None
 
 
 # --------------------------------------------------------------------------- concurrent deploys

@@ -51,9 +51,16 @@ class Cleaner:
                 # A job that halted its sequence is kept until someone resolves it:
                 # deleting it would silently restart the sequence.
                 conditions.append(~Job.sequence_slot)
+            # Oldest first, in the order of sa_job_finalized_idx (state, finalized_at):
+            # the batch is then a range of that index, stopped at the limit. Without the
+            # ORDER BY the planner, seeing millions of expired rows, chose a sequential
+            # scan "to find the first few" — which on a big table reads past every row
+            # the earlier passes deleted (dead until vacuumed) and past the other
+            # states' rows: a pass took 5x as long on 10M rows as on an empty table.
             expired = (
                 select(Job.id)
                 .where(*conditions)
+                .order_by(Job.finalized_at)
                 .limit(self.limit)
                 .with_for_update(skip_locked=True)
                 .scalar_subquery()
