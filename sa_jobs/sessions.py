@@ -60,7 +60,12 @@ def either_session(function: Callable[Concatenate[Session, P], R]) -> EitherSess
     def call(*args: Any, **kwargs: Any) -> Any:
         # ``session=`` by keyword keeps working at run time (type checkers see it
         # positional-only, as the overloads must be).
-        session, args = (args[0], args[1:]) if args else (kwargs.pop("session", None), ())
+        if args:
+            session, args = args[0], args[1:]
+        elif "session" in kwargs:
+            session = kwargs.pop("session")
+        else:
+            raise TypeError(f"{function.__name__}() takes a Session or an AsyncSession first")
         if isinstance(session, async_scoped_session):
             session = session()  # the task's AsyncSession
         if isinstance(session, AsyncSession):

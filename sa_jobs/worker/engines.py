@@ -46,7 +46,9 @@ __all__ = [
 # A derived engine serves the worker alone: its pool keeps a few connections and opens
 # more as the worker's concurrency needs (never more than it has handlers running, plus
 # its own threads), so session handlers never wait on a pool sized for someone else.
-_DERIVED_POOL: dict[str, Any] = {"pool_size": 5, "max_overflow": -1, "pool_pre_ping": True}
+# No pool_pre_ping: it would add a round trip to every fetch and completion, and the
+# worker already retries what a dropped connection fails (as on the user's own engine).
+_DERIVED_POOL: dict[str, Any] = {"pool_size": 5, "max_overflow": -1}
 
 # The last column is the sa_job table unqualified names reach: two engines on one
 # database with different search_paths would otherwise work different tables.

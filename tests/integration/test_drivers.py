@@ -533,3 +533,8 @@ def test_a_lost_listen_connection_is_a_warning_and_comes_back_on_psycopg2(
     psycopg2_engine.dispose()
     assert all(r.levelno == logging.WARNING for r in lost())
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_session_function_called_without_a_session_says_what_it_takes() -> None:
+    with pytest.raises(TypeError, match=r"insert\(\) takes a Session or an AsyncSession first"):
+        sa_jobs.insert()  # type: ignore[call-overload]
