@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -26,11 +26,11 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.orm import Session, undefer
 from sqlalchemy.sql.dml import ReturningUpdate
 
 from sa_jobs.error_records import describe
-from sa_jobs.models import CORE_COLUMNS, Job
+from sa_jobs.job_loading import detached_job_builder
+from sa_jobs.models import CORE_COLUMNS, Job, job_table
 from sa_jobs.schema import NO_FEATURES, Features
 from sa_jobs.states import JobState
 from sa_jobs.worker.backoff import is_transient
@@ -43,6 +43,13 @@ log = logging.getLogger("sa_jobs.worker")
 #: How long a busy producer lets slots accumulate before fetching again (River has a
 #: cooldown too); short enough not to matter for latency, long enough to batch.
 FETCH_COOLDOWN = 0.002
+
+
+def fetched_columns(features: Features) -> Sequence[Any]:
+    """What a fetch returns of each job, in order: the core columns, and with the sequence
+    branch the ``sequence_key`` (so finishing a job that is not in a sequence can skip the
+    sequence bookkeeping)."""
+    return [*CORE_COLUMNS, job_table.c.sequence_key] if features.sequence else CORE_COLUMNS
 
 
 @functools.cache
@@ -80,19 +87,19 @@ def jobs_fetch_available(features: Features = NO_FEATURES) -> ReturningUpdate[An
     }
     if features.unique:
         values["unique_key"] = case((Job.unique_until_start, null()), else_=Job.unique_key)
-    returned = [*CORE_COLUMNS, Job.sequence_key] if features.sequence else CORE_COLUMNS
-    return update(Job).where(Job.id == locked.c.id).values(values).returning(*returned)
+    return (
+        update(Job)
+        .where(Job.id == locked.c.id)
+        .values(values)
+        .returning(*fetched_columns(features))
+    )
 
 
 @functools.cache
-def _fetch_as_jobs(features: Features) -> Any:
-    statement = select(Job).from_statement(jobs_fetch_available(features))
-    if features.sequence:
-        # sequence_key is deferred on Job; without this the ORM ignores the returned
-        # column, and the completer cannot tell an unsequenced job from an unloaded one
-        # (it would take the sequence locks and bookkeeping for every batch).
-        statement = statement.options(undefer(Job.sequence_key))
-    return statement
+def _job_builder(features: Features) -> Callable[[Sequence[Any]], Job[Any]]:
+    # The fetch's returned columns, sequence_key among them with the sequence branch:
+    # the completer tells an unsequenced job by its loaded sequence_key being None.
+    return detached_job_builder(fetched_columns(features))
 
 
 def fetch_jobs(
@@ -109,12 +116,17 @@ def fetch_jobs(
     every row has been loaded: if anything about a row cannot be read, nothing is marked
     running, rather than a batch being marked and never handed over. ``features``: the
     database's (:meth:`~sa_jobs.schema.Features.of`) unless given.
+
+    The rows are read with Core and built into detached ``Job`` objects directly
+    (:mod:`sa_jobs.job_loading`): the same objects a Session would leave behind, for a
+    fraction of the CPU.
     """
     params = {"fetch_queue": queue, "fetch_limit": limit, "fetch_worker_id": worker_id}
-    with Session(engine, expire_on_commit=False) as session, session.begin():
+    with engine.begin() as connection:
         if features is None:
-            features = Features.of(session.connection())
-        jobs = list(session.scalars(_fetch_as_jobs(features), params))
+            features = Features.of(connection)
+        build = _job_builder(features)
+        jobs = [build(row) for row in connection.execute(jobs_fetch_available(features), params)]
     jobs.sort(key=lambda job: (job.priority, job.scheduled_at, job.id))
     return jobs
 
