@@ -17,7 +17,9 @@ another's:
   ``rescue_after`` has passed. Nothing is held forever, and nothing is lost.
 
 The batched strategy collects outcomes for up to ``interval`` seconds (or ``max_batch``
-of them) and writes them with one :func:`~sa_jobs.complete.jobs_finish` statement.
+of them) and writes them with one statement (:func:`~sa_jobs.complete.finish_in`): a
+batch of plain completions, the common case, as two arrays of ids and runs; any other
+batch as one JSON document.
 """
 
 from __future__ import annotations
