@@ -140,7 +140,7 @@ class Producer(Service):
         concurrency: int,
         *,
         fetch: Callable[[str, int], list[Job[Any]]],
-        dispatch: Callable[[Job[Any]], None],
+        dispatch: Callable[[list[Job[Any]]], None],
         poll_interval: float,
         stopping: threading.Event,
     ) -> None:
@@ -211,7 +211,7 @@ class Producer(Service):
                 self._free -= len(jobs)
                 if not jobs and self._free == self.concurrency:
                     self._drained = True
-            for job in jobs:
-                self._dispatch(job)
+            if jobs:
+                self._dispatch(jobs)  # the whole batch in one hand-off
             if len(jobs) < free:
                 return
