@@ -126,7 +126,8 @@ def fetch_jobs(
         if features is None:
             features = Features.of(connection)
         build = _job_builder(features)
-        jobs = [build(row) for row in connection.execute(jobs_fetch_available(features), params)]
+        rows = connection.execute(jobs_fetch_available(features), params).all()
+        jobs = [build(row) for row in rows]
     jobs.sort(key=lambda job: (job.priority, job.scheduled_at, job.id))
     return jobs
 
