@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from importlib import metadata as _metadata
 
-from sa_jobs import errors
+from sa_jobs import errors, hooks
 from sa_jobs.args import KindRegistry, field, job_args
 from sa_jobs.complete import complete_in
 from sa_jobs.control import cancel_job, retry_job
 from sa_jobs.convert import ArgsConverter
 from sa_jobs.enqueue import enqueue
 from sa_jobs.errors import SaJobsError
+from sa_jobs.hooks import add_insert_hook, remove_insert_hook
 from sa_jobs.insert import InsertManyParams, InsertResult, insert, insert_job, insert_many
 from sa_jobs.job_key import RemoveOutcome, remove_job
 from sa_jobs.models import Job, metadata
@@ -48,18 +49,21 @@ __all__ = [
     "SequenceOpts",
     "UniqueOpts",
     "Worker",
+    "add_insert_hook",
     "cancel_job",
     "complete_in",
     "downgrade",
     "enqueue",
     "errors",
     "field",
+    "hooks",
     "insert",
     "insert_job",
     "insert_many",
     "job_args",
     "metadata",
     "migrate",
+    "remove_insert_hook",
     "remove_job",
     "retry_job",
 ]
