@@ -27,6 +27,7 @@ from sa_jobs.hooks import (
     add_insert_hook,
     remove_insert_hook,
 )
+from tests.doc_recipes import load_recipe
 from tests.helpers import NO_DELAY, add_job, get_job, make_worker, running
 
 
@@ -366,3 +367,21 @@ def _wait_for(predicate: Any, timeout: float = 5.0) -> None:
     from tests.helpers import eventually
 
     assert eventually(predicate, timeout), "timed out"
+
+
+def test_the_recipe_in_the_docs(engine: Engine) -> None:
+    recipe = load_recipe("observability.md", "Hooks")
+    add_insert_hook(recipe.TenantStamp())
+    token = recipe.current_tenant.set("acme")
+    try:
+        job_id = add_job(engine, Task())
+    finally:
+        recipe.current_tenant.reset(token)
+    slow = recipe.SlowAttempts(limit=0.0)
+    worker = make_worker(engine, hooks=[slow])
+    worker.handler(Task)(_handle)
+
+    worker.run_until_idle()
+
+    assert get_job(engine, job_id).metadata_ == {"tenant": "acme"}
+    assert [(entry[0], entry[1]) for entry in slow.slow] == [(job_id, "completed")]
