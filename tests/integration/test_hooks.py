@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -28,7 +29,7 @@ from sa_jobs.hooks import (
     remove_insert_hook,
 )
 from tests.doc_recipes import load_recipe
-from tests.helpers import NO_DELAY, add_job, get_job, make_worker, running
+from tests.helpers import NO_DELAY, add_job, get_job, make_worker, running, wait_event
 
 
 @sa_jobs.job_args(kind="hooks_task", max_attempts=3)
@@ -176,6 +177,29 @@ def test_after_work_of_a_timed_out_attempt(engine: Engine) -> None:
     assert calls[1][2] == job_id
     assert result.ending is Ending.FAILED
     assert result.error is not None and "timeout" in result.error
+
+
+def test_after_work_of_an_attempt_given_back_by_a_shutdown(engine: Engine) -> None:
+    job_id = add_job(engine, Task())
+    calls: list[tuple[Any, ...]] = []
+    started = threading.Event()
+    worker = make_worker(engine, hooks=[Recorder("only", calls)])
+
+    @worker.handler(Task)
+    async def handle(job: Job[Task]) -> None:
+        started.set()
+        await asyncio.sleep(10)
+
+    worker.start()
+    try:
+        wait_event(started, "the handler to start")
+    finally:
+        worker.stop(cancel=True)
+
+    assert [call[:3] for call in calls] == [("only", "before", job_id), ("only", "after", job_id)]
+    result: AttemptResult = calls[1][3]
+    assert (result.ending, result.outcome) == (Ending.RETURNED, "returned")
+    assert get_job(engine, job_id).state is JobState.AVAILABLE
 
 
 def test_a_work_hook_that_raises_is_logged_and_the_job_still_completes(
