@@ -191,7 +191,8 @@ def test_a_prepared_transaction_holds_the_horizon(engine: Engine) -> None:
     if allowed == 0:
         pytest.skip(
             "max_prepared_transactions is 0 on this server: the query runs in every "
-            "check (an empty result), and tests/unit/test_health.py judges a prepared holder"
+            "check (an empty result), and tests/unit/test_health_judging.py judges a "
+            "prepared holder"
         )
     gid = f"sa_jobs_health_{uuid.uuid4().hex[:8]}"
     with engine.connect() as connection:
