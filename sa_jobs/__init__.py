@@ -15,11 +15,14 @@ from sa_jobs.control import cancel_job, retry_job
 from sa_jobs.convert import ArgsConverter
 from sa_jobs.enqueue import enqueue
 from sa_jobs.errors import SaJobsError
+from sa_jobs.health import Health, HealthThresholds, check_health
 from sa_jobs.hooks import add_insert_hook, remove_insert_hook
 from sa_jobs.insert import InsertManyParams, InsertResult, insert, insert_job, insert_many
 from sa_jobs.job_key import RemoveOutcome, remove_job
 from sa_jobs.models import Job, metadata
 from sa_jobs.options import InsertOptions, InsertOpts, JobKeyMode, SequenceOpts, UniqueOpts
+from sa_jobs.periodic import PeriodicJob
+from sa_jobs.queue_stats import Stats, stats
 from sa_jobs.schema import downgrade, migrate
 from sa_jobs.states import InsertAction, JobState
 from sa_jobs.worker import ExponentialRetry, MaintenanceConfig, Retention, RetryPolicy, Worker
@@ -32,6 +35,8 @@ except _metadata.PackageNotFoundError:  # imported from a checkout that was neve
 __all__ = [
     "ArgsConverter",
     "ExponentialRetry",
+    "Health",
+    "HealthThresholds",
     "InsertAction",
     "InsertManyParams",
     "InsertOptions",
@@ -42,15 +47,18 @@ __all__ = [
     "JobState",
     "KindRegistry",
     "MaintenanceConfig",
+    "PeriodicJob",
     "RemoveOutcome",
     "Retention",
     "RetryPolicy",
     "SaJobsError",
     "SequenceOpts",
+    "Stats",
     "UniqueOpts",
     "Worker",
     "add_insert_hook",
     "cancel_job",
+    "check_health",
     "complete_in",
     "downgrade",
     "enqueue",
@@ -66,4 +74,5 @@ __all__ = [
     "remove_insert_hook",
     "remove_job",
     "retry_job",
+    "stats",
 ]

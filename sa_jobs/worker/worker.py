@@ -31,6 +31,7 @@ from sa_jobs.hooks import WorkHook, WorkHooks
 from sa_jobs.models import Job
 from sa_jobs.option_checks import check_queue, check_timeout
 from sa_jobs.options import UNSET
+from sa_jobs.periodic.definition import PeriodicJob, check_periodic_jobs
 from sa_jobs.states import JobState
 from sa_jobs.worker.engines import WorkerEngines
 from sa_jobs.worker.handlers import HandlerRegistry
@@ -130,8 +131,11 @@ class Worker:
         sync_engine: Engine | None = None,
         listen_engine: Engine | URL | str | None = None,
         poll_only: bool = False,
+        periodic: Iterable[PeriodicJob] = (),
         hooks: Iterable[WorkHook] = (),
     ) -> None:
+        #: The periodic jobs this process fires (checked: distinct names).
+        self.periodic: list[PeriodicJob] = check_periodic_jobs(periodic)
         #: Where notifications come from (``listen_engine``, ``poll_only``).
         self.listen = ListenOptions.build(listen_engine, poll_only)
         self.engines = WorkerEngines(engine, sync_engine=sync_engine, async_engine=async_engine)
