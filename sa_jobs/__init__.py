@@ -10,6 +10,7 @@ from importlib import metadata as _metadata
 
 from sa_jobs import errors
 from sa_jobs.args import KindRegistry, field, job_args
+from sa_jobs.bulk import BulkResult, cancel_jobs, delete_jobs, retry_jobs
 from sa_jobs.complete import complete_in
 from sa_jobs.control import cancel_job, retry_job
 from sa_jobs.convert import ArgsConverter
@@ -19,6 +20,7 @@ from sa_jobs.insert import InsertManyParams, InsertResult, insert, insert_job, i
 from sa_jobs.job_key import RemoveOutcome, remove_job
 from sa_jobs.models import Job, metadata
 from sa_jobs.options import InsertOptions, InsertOpts, JobKeyMode, SequenceOpts, UniqueOpts
+from sa_jobs.queues import QueueState, pause_queue, queue_states, resume_queue
 from sa_jobs.schema import downgrade, migrate
 from sa_jobs.states import InsertAction, JobState
 from sa_jobs.worker import ExponentialRetry, MaintenanceConfig, Retention, RetryPolicy, Worker
@@ -30,6 +32,7 @@ except _metadata.PackageNotFoundError:  # imported from a checkout that was neve
 
 __all__ = [
     "ArgsConverter",
+    "BulkResult",
     "ExponentialRetry",
     "InsertAction",
     "InsertManyParams",
@@ -41,6 +44,7 @@ __all__ = [
     "JobState",
     "KindRegistry",
     "MaintenanceConfig",
+    "QueueState",
     "RemoveOutcome",
     "Retention",
     "RetryPolicy",
@@ -49,7 +53,9 @@ __all__ = [
     "UniqueOpts",
     "Worker",
     "cancel_job",
+    "cancel_jobs",
     "complete_in",
+    "delete_jobs",
     "downgrade",
     "enqueue",
     "errors",
@@ -60,6 +66,10 @@ __all__ = [
     "job_args",
     "metadata",
     "migrate",
+    "pause_queue",
+    "queue_states",
     "remove_job",
+    "resume_queue",
     "retry_job",
+    "retry_jobs",
 ]
