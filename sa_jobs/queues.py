@@ -28,7 +28,7 @@ import json
 from typing import Any
 
 import attrs
-from sqlalchemy import Text, bindparam, exists, func, null, or_, select, update
+from sqlalchemy import Text, any_, bindparam, exists, func, null, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import ColumnElement
@@ -98,7 +98,7 @@ def check_known_queues(session: Session, queues: list[str]) -> None:
     features = Features.of(session.connection())
     for queue in queues:
         name = bindparam("queue_name", queue, type_=Text)
-        known = [exists().where(WorkerProcess.queues.any(name))]
+        known = [exists().where(name == any_(WorkerProcess.queues))]
         if features.queue:
             known.insert(0, exists().where(JobQueue.name == name))
         known.append(exists().where(Job.queue == name))

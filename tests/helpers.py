@@ -97,13 +97,14 @@ def notified_queues(listener: psycopg.Connection[Any], timeout: float = 0.3) -> 
 
 
 def empty_job_table(bind: Engine | Connection) -> None:
-    """Delete every job and restart the ids."""
-    statement = text("TRUNCATE sa_job RESTART IDENTITY")
-    if isinstance(bind, Connection):
-        bind.execute(statement)
+    """Delete every job and restart the ids; forget every queue control (pauses)."""
+    if isinstance(bind, Engine):
+        with bind.begin() as connection:
+            empty_job_table(connection)
         return
-    with bind.begin() as connection:
-        connection.execute(statement)
+    bind.execute(text("TRUNCATE sa_job RESTART IDENTITY"))
+    if bind.scalar(text("SELECT to_regclass('sa_job_queue') IS NOT NULL")):
+        bind.execute(text("DELETE FROM sa_job_queue"))
 
 
 # ------------------------------------------------------------------ waiting
