@@ -30,7 +30,7 @@ from typing import Any
 import attrs
 from sqlalchemy import Text, any_, bindparam, exists, func, null, or_, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 from sqlalchemy.sql.expression import ColumnElement
 
 from sa_jobs.errors import SchemaMissingError, UnknownQueueError
@@ -69,11 +69,11 @@ class QueueState:
         return self.paused_at is not None
 
 
-def queue_not_paused(queue: ColumnElement[Any]) -> ColumnElement[bool]:
-    """The fetch statement's clause: ``queue`` (the fetched queue, a bound value) is not
-    paused.
+def queue_not_paused(queue: ColumnElement[str] | InstrumentedAttribute[str]) -> ColumnElement[bool]:
+    """The fetch statement's clause: ``queue`` (the fetched queue, a bound value; or
+    ``Job.queue``, correlated) is not paused.
 
-    Uncorrelated with the job rows, so PostgreSQL evaluates it once per fetch (a primary
+    Given a bound value it is uncorrelated with the job rows, so PostgreSQL evaluates it once per fetch (a primary
     key lookup) and, for a paused queue, skips the scan of the fetch index entirely.
     """
     return ~exists().where(JobQueue.name == queue, JobQueue.paused_at.is_not(None))

@@ -317,8 +317,7 @@ class Worker:
         later, and jobs of paused queues, are left alone. Meant for tests and scripts;
         can be called again. It returns early, gracefully, on :meth:`stop` from another
         thread or — called from the main thread — on SIGTERM/SIGINT, as :meth:`run` does
-        (a second signal
-        cancels the running jobs); what is left stays queued.
+        (a second signal cancels the running jobs); what is left stays queued.
 
         Raises:
             TimeoutError: still busy after ``timeout`` seconds (the worker is stopped).
