@@ -73,8 +73,9 @@ def queue_not_paused(queue: ColumnElement[str] | InstrumentedAttribute[str]) -> 
     """The fetch statement's clause: ``queue`` (the fetched queue, a bound value; or
     ``Job.queue``, correlated) is not paused.
 
-    Given a bound value it is uncorrelated with the job rows, so PostgreSQL evaluates it once per fetch (a primary
-    key lookup) and, for a paused queue, skips the scan of the fetch index entirely.
+    Given a bound value it is uncorrelated with the job rows, so PostgreSQL evaluates it
+    once per fetch (a primary key lookup) and, for a paused queue, skips the scan of the
+    fetch index entirely.
     """
     return ~exists().where(JobQueue.name == queue, JobQueue.paused_at.is_not(None))
 
