@@ -17,6 +17,7 @@ from sa_jobs.enqueue import enqueue
 from sa_jobs.errors import SaJobsError
 from sa_jobs.insert import InsertManyParams, InsertResult, insert, insert_job, insert_many
 from sa_jobs.job_key import RemoveOutcome, remove_job
+from sa_jobs.limits import ConcurrencyLimit, RateLimit
 from sa_jobs.models import Job, metadata
 from sa_jobs.options import InsertOptions, InsertOpts, JobKeyMode, SequenceOpts, UniqueOpts
 from sa_jobs.schema import downgrade, migrate
@@ -30,6 +31,7 @@ except _metadata.PackageNotFoundError:  # imported from a checkout that was neve
 
 __all__ = [
     "ArgsConverter",
+    "ConcurrencyLimit",
     "ExponentialRetry",
     "InsertAction",
     "InsertManyParams",
@@ -41,6 +43,7 @@ __all__ = [
     "JobState",
     "KindRegistry",
     "MaintenanceConfig",
+    "RateLimit",
     "RemoveOutcome",
     "Retention",
     "RetryPolicy",

@@ -97,8 +97,13 @@ def notified_queues(listener: psycopg.Connection[Any], timeout: float = 0.3) -> 
 
 
 def empty_job_table(bind: Engine | Connection) -> None:
-    """Delete every job and restart the ids."""
-    statement = text("TRUNCATE sa_job RESTART IDENTITY")
+    """Delete every job and restart the ids; and the rate limits' counts, where the
+    limits branch is installed."""
+    statement = text(
+        "DO $$ BEGIN TRUNCATE sa_job RESTART IDENTITY;"
+        " IF to_regclass('sa_job_rate_window') IS NOT NULL THEN TRUNCATE sa_job_rate_window;"
+        " END IF; END $$"
+    )
     if isinstance(bind, Connection):
         bind.execute(statement)
         return

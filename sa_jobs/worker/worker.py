@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal, Protocol, TypeVar, cast, overload
 
@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from sa_jobs.errors import InvalidOptionsError
+from sa_jobs.limits import Limit, check_worker_limits
 from sa_jobs.models import Job
 from sa_jobs.option_checks import check_queue, check_timeout
 from sa_jobs.options import UNSET
@@ -67,6 +68,9 @@ class Register(Protocol[A]):
 
 
 DEFAULT_JOB_TIMEOUT = dt.timedelta(minutes=1)
+#: How long :meth:`Worker.run_until_idle` waits before looking again for due jobs that
+#: its limits held back.
+LIMITED_RECHECK = 0.05
 
 
 class Worker:
@@ -126,6 +130,7 @@ class Worker:
         sync_engine: Engine | None = None,
         listen_engine: Engine | URL | str | None = None,
         poll_only: bool = False,
+        limits: Iterable[Limit] = (),
     ) -> None:
         #: Where notifications come from (``listen_engine``, ``poll_only``).
         self.listen = ListenOptions.build(listen_engine, poll_only)
@@ -134,7 +139,9 @@ class Worker:
         self.engine: Engine = self.engines.sync
         self._run: WorkerRun | None = None
         self._stuck_limit_given = stuck_thread_limit
+        self._limits: tuple[Limit, ...] = ()
         self.queues = dict(queues if queues is not None else {"default": 10})
+        self._limits = check_worker_limits(limits, self.queues)
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         if retry_policy is not None and not callable(getattr(retry_policy, "next_delay", None)):
             raise InvalidOptionsError(
@@ -174,9 +181,15 @@ class Worker:
             raise InvalidOptionsError("queues", "cannot change while the worker runs; stop() it")
         checked = dict(queues)
         _check_queues(checked)
+        check_worker_limits(self._limits, checked)
         self._queues = checked
         if self._stuck_limit_given is None:
             self.stuck_thread_limit = sum(checked.values())
+
+    @property
+    def limits(self) -> tuple[Limit, ...]:
+        """The limits this worker's fetches enforce (checked against its queues)."""
+        return self._limits
 
     # ------------------------------------------------------------------ registration
 
@@ -312,10 +325,11 @@ class Worker:
         """Work every job that is due now in this worker's queues, then stop.
 
         Scheduled and retryable jobs that become due meanwhile are worked too; jobs due
-        later are left alone. Meant for tests and scripts; can be called again. It
-        returns early, gracefully, on :meth:`stop` from another thread or — called from
-        the main thread — on SIGTERM/SIGINT, as :meth:`run` does (a second signal
-        cancels the running jobs); what is left stays queued.
+        later are left alone. Jobs a limit holds back are waited for (a rate limit's
+        next window, another process's running jobs). Meant for tests and scripts; can
+        be called again. It returns early, gracefully, on :meth:`stop` from another
+        thread or — called from the main thread — on SIGTERM/SIGINT, as :meth:`run` does
+        (a second signal cancels the running jobs); what is left stays queued.
 
         Raises:
             TimeoutError: still busy after ``timeout`` seconds (the worker is stopped).
@@ -340,6 +354,10 @@ class Worker:
                         stop_requested.wait(0.005)
                     if not promoted and not self._due_work_left():
                         return
+                    if self._limits:
+                        # Due jobs a limit holds back (their scope is full elsewhere, or
+                        # its rate is spent) are looked for again after a pause, not at once.
+                        stop_requested.wait(LIMITED_RECHECK)
                 log.info("stopped before the queues were idle; what is left stays queued")
         finally:
             self.stop(cancel=run.cancel_requested.is_set())
