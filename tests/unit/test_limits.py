@@ -14,6 +14,7 @@ from sa_jobs import ConcurrencyLimit, RateLimit, Worker
 from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.limits import LimitScope
 from sa_jobs.worker.limited_fetch import WINDOWS_PER_PERIOD, _window_of, plan_limits
+from tests.doc_recipes import load_recipe
 
 ENGINE = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/never")
 
@@ -130,3 +131,13 @@ def test_rate_windows_are_a_twentieth_of_the_period_and_contain_their_instant() 
     assert end - start == per / WINDOWS_PER_PERIOD
     assert start <= at < end
     assert _window_of(end, per)[0] == end
+
+
+def test_the_docs_recipe_declares_three_limits() -> None:
+    recipe = load_recipe("queues.md", "Limits")
+    assert [type(limit).__name__ for limit in recipe.worker.limits] == [
+        "ConcurrencyLimit",
+        "ConcurrencyLimit",
+        "RateLimit",
+    ]
+    assert recipe.worker.limits[1].kind == "newsletter.send_email"
