@@ -8,18 +8,22 @@ from __future__ import annotations
 
 from importlib import metadata as _metadata
 
-from sa_jobs import errors
+from sa_jobs import errors, hooks
 from sa_jobs.args import KindRegistry, field, job_args
 from sa_jobs.complete import complete_in
 from sa_jobs.control import cancel_job, retry_job
 from sa_jobs.convert import ArgsConverter
 from sa_jobs.enqueue import enqueue
 from sa_jobs.errors import SaJobsError
+from sa_jobs.health import Health, HealthThresholds, check_health
+from sa_jobs.hooks import add_insert_hook, remove_insert_hook
 from sa_jobs.insert import InsertManyParams, InsertResult, insert, insert_job, insert_many
 from sa_jobs.job_key import RemoveOutcome, remove_job
 from sa_jobs.limits import ConcurrencyLimit, RateLimit
 from sa_jobs.models import Job, metadata
 from sa_jobs.options import InsertOptions, InsertOpts, JobKeyMode, SequenceOpts, UniqueOpts
+from sa_jobs.periodic import PeriodicJob
+from sa_jobs.queue_stats import Stats, stats
 from sa_jobs.schema import downgrade, migrate
 from sa_jobs.states import InsertAction, JobState
 from sa_jobs.worker import ExponentialRetry, MaintenanceConfig, Retention, RetryPolicy, Worker
@@ -33,6 +37,8 @@ __all__ = [
     "ArgsConverter",
     "ConcurrencyLimit",
     "ExponentialRetry",
+    "Health",
+    "HealthThresholds",
     "InsertAction",
     "InsertManyParams",
     "InsertOptions",
@@ -43,26 +49,33 @@ __all__ = [
     "JobState",
     "KindRegistry",
     "MaintenanceConfig",
+    "PeriodicJob",
     "RateLimit",
     "RemoveOutcome",
     "Retention",
     "RetryPolicy",
     "SaJobsError",
     "SequenceOpts",
+    "Stats",
     "UniqueOpts",
     "Worker",
+    "add_insert_hook",
     "cancel_job",
+    "check_health",
     "complete_in",
     "downgrade",
     "enqueue",
     "errors",
     "field",
+    "hooks",
     "insert",
     "insert_job",
     "insert_many",
     "job_args",
     "metadata",
     "migrate",
+    "remove_insert_hook",
     "remove_job",
     "retry_job",
+    "stats",
 ]

@@ -32,8 +32,16 @@ UNIQUE_BRANCH = "sa_jobs_unique"
 SEQUENCE_BRANCH = "sa_jobs_sequence"
 JOB_KEY_BRANCH = "sa_jobs_job_key"
 LIMITS_BRANCH = "sa_jobs_limits"
+PERIODIC_BRANCH = "sa_jobs_periodic"
 #: Every branch label, in the order ``sa-jobs migrate`` lists them.
-BRANCHES = (CORE_BRANCH, UNIQUE_BRANCH, SEQUENCE_BRANCH, JOB_KEY_BRANCH, LIMITS_BRANCH)
+BRANCHES = (
+    CORE_BRANCH,
+    UNIQUE_BRANCH,
+    SEQUENCE_BRANCH,
+    JOB_KEY_BRANCH,
+    PERIODIC_BRANCH,
+    LIMITS_BRANCH,
+)
 
 #: A column each feature branch adds to ``sa_job``, to tell whether it is installed.
 _BRANCH_MARKER_COLUMNS = {
@@ -42,8 +50,8 @@ _BRANCH_MARKER_COLUMNS = {
     JOB_KEY_BRANCH: "job_key",
 }
 
-#: A table a feature branch adds (for branches that add no column to ``sa_job``).
-_BRANCH_MARKER_TABLES = {LIMITS_BRANCH: "sa_job_rate_window"}
+#: A table each feature branch that adds tables (not columns of sa_job) creates.
+_BRANCH_MARKER_TABLES = {PERIODIC_BRANCH: "sa_job_periodic", LIMITS_BRANCH: "sa_job_rate_window"}
 
 #: Columns added by later revisions of a branch: a database without them has the branch,
 #: but not at its head.
@@ -151,7 +159,7 @@ def installed_branches(connection: Connection) -> frozenset[str]:
     return frozenset(
         {CORE_BRANCH}
         | {branch for branch, marker in _BRANCH_MARKER_COLUMNS.items() if marker in columns}
-        | {branch for branch, marker in _BRANCH_MARKER_TABLES.items() if marker in tables}
+        | {branch for branch, table in _BRANCH_MARKER_TABLES.items() if table in tables}
     )
 
 
@@ -164,6 +172,7 @@ class Features:
     sequence: bool = False
     job_key: bool = False
     limits: bool = False
+    periodic: bool = False
 
     @classmethod
     def from_branches(cls, branches: frozenset[str]) -> Features:
@@ -171,6 +180,7 @@ class Features:
             unique=UNIQUE_BRANCH in branches,
             sequence=SEQUENCE_BRANCH in branches,
             job_key=JOB_KEY_BRANCH in branches,
+            periodic=PERIODIC_BRANCH in branches,
             limits=LIMITS_BRANCH in branches,
         )
 
@@ -194,7 +204,7 @@ class Features:
 
 
 #: Every feature: what ``sa-jobs migrate`` installs.
-ALL_FEATURES = Features(unique=True, sequence=True, job_key=True, limits=True)
+ALL_FEATURES = Features(unique=True, sequence=True, job_key=True, periodic=True, limits=True)
 #: The core alone.
 NO_FEATURES = Features()
 
@@ -212,11 +222,10 @@ def missing_schema_error(exc: BaseException) -> SchemaMissingError | None:
     sqlstate = getattr(orig, "sqlstate", None)
     message = str(orig)
     detail = message.splitlines()[0] if message else ""
-    if sqlstate == "42P01":
-        for branch, table in _BRANCH_MARKER_TABLES.items():
-            if table in message:
-                return SchemaMissingError(branch, detail)
     if sqlstate in ("42P01", "42704") and "sa_job" in message:
+        for branch, table in _BRANCH_MARKER_TABLES.items():
+            if re.search(rf"(?<![\w]){table}\b", message):
+                return SchemaMissingError(branch, detail)
         return SchemaMissingError(CORE_BRANCH, detail)
     if sqlstate == "42703":
         for column, branch in _LATER_COLUMNS.items():

@@ -97,18 +97,21 @@ def notified_queues(listener: psycopg.Connection[Any], timeout: float = 0.3) -> 
 
 
 def empty_job_table(bind: Engine | Connection) -> None:
-    """Delete every job and restart the ids; and the rate limits' counts, where the
-    limits branch is installed."""
-    statement = text(
-        "DO $$ BEGIN TRUNCATE sa_job RESTART IDENTITY;"
-        " IF to_regclass('sa_job_rate_window') IS NOT NULL THEN TRUNCATE sa_job_rate_window;"
-        " END IF; END $$"
-    )
+    """Delete every job and restart the ids; forget every periodic job's state and the
+    rate limits' counts (where those branches are installed)."""
     if isinstance(bind, Connection):
-        bind.execute(statement)
+        _empty_tables(bind)
         return
     with bind.begin() as connection:
-        connection.execute(statement)
+        _empty_tables(connection)
+
+
+def _empty_tables(connection: Connection) -> None:
+    connection.execute(text("TRUNCATE sa_job RESTART IDENTITY"))
+    if connection.scalar(text("SELECT to_regclass('sa_job_periodic') IS NOT NULL")):
+        connection.execute(text("TRUNCATE sa_job_periodic"))
+    if connection.scalar(text("SELECT to_regclass('sa_job_rate_window') IS NOT NULL")):
+        connection.execute(text("TRUNCATE sa_job_rate_window"))
 
 
 # ------------------------------------------------------------------ waiting

@@ -21,9 +21,11 @@ from sqlalchemy import Engine
 
 from sa_jobs.complete import Outcome
 from sa_jobs.errors import SchemaMissingError
+from sa_jobs.hooks import WorkHook, WorkHooks
 from sa_jobs.limits import Limit
 from sa_jobs.models import Job
-from sa_jobs.schema import LIMITS_BRANCH, Features
+from sa_jobs.periodic.definition import PeriodicJob
+from sa_jobs.schema import LIMITS_BRANCH, PERIODIC_BRANCH, Features
 from sa_jobs.worker.aio import EventLoopThread
 from sa_jobs.worker.completer import BatchCompleter, Completer, InlineCompleter, OutcomeWriter
 from sa_jobs.worker.engines import WorkerEngines, prepare_warning
@@ -61,6 +63,8 @@ class RunSettings(Protocol):
     interrupt_grace: float
     stuck_thread_limit: int
     listen: ListenOptions
+    periodic: list[PeriodicJob]
+    hooks: list[WorkHook]
 
     @property
     def limits(self) -> tuple[Limit, ...]: ...
@@ -125,6 +129,7 @@ class WorkerRun:
         worker = self.worker
         engines = worker.engines
         handlers = worker.handlers.all()
+        self.hooks = WorkHooks(worker.hooks) if worker.hooks else None
         # A derived or passed engine is checked before anything else uses it.
         two_engines = engines.sync is not engines.given
         async_sessions = any(h.is_async and h.wants_session for h in handlers)
@@ -140,6 +145,10 @@ class WorkerRun:
             behind_pooler = prepare_warning(connection)
         if behind_pooler is not None:
             log.warning("%s", behind_pooler)
+        if worker.periodic and not features.periodic:
+            raise SchemaMissingError(
+                PERIODIC_BRANCH, "Worker(periodic=[...]) keeps its state there"
+            )
         if worker.listen.engine is not None:
             check_same_database(worker.listen.engine, self.engine)
         limited = plan_limits(worker.limits, worker.queues)
@@ -185,6 +194,7 @@ class WorkerRun:
             features=features,
             retry_delay=worker.retry_delay_for,
             stopping=self.closing,
+            periodic=worker.periodic,
         )
         self.notifier = Notifier(
             self.engine,
@@ -259,7 +269,12 @@ class WorkerRun:
     def _dispatch(self, job: Job[Any]) -> None:
         handler = self.worker.handlers.find(job.kind)
         execution = Execution(
-            job, handler, self.worker.retry_policy, self._settled, on_begin=self.watchdog.watch
+            job,
+            handler,
+            self.worker.retry_policy,
+            self._settled,
+            on_begin=self.watchdog.watch,
+            hooks=self.hooks,
         )
         with self._lock:
             self._executions[job.id] = execution

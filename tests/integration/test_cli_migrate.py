@@ -28,6 +28,7 @@ ALL_REVISIONS = [
     "sajobs_sequence_0001",
     "sajobs_job_key_0001",
     "sajobs_job_key_0002",
+    "sajobs_periodic_0001",
     "sajobs_limits_0001",
 ]
 
@@ -105,6 +106,7 @@ def test_migrate_one_branch_then_the_rest_applies_only_whats_missing(cli: Run) -
         "sajobs_sequence_0001",
         "sajobs_job_key_0001",
         "sajobs_job_key_0002",
+        "sajobs_periodic_0001",
         "sajobs_limits_0001",
     ]
 
@@ -153,9 +155,10 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
         "sa_jobs_unique": ("-", "sajobs_unique_0001, sajobs_unique_0002"),
         "sa_jobs_sequence": ("-", "sajobs_sequence_0001"),
         "sa_jobs_job_key": ("-", "sajobs_job_key_0001, sajobs_job_key_0002"),
+        "sa_jobs_periodic": ("-", "sajobs_periodic_0001"),
         "sa_jobs_limits": ("-", "sajobs_limits_0001"),
     }
-    assert out.splitlines()[-1] == "11 revisions pending: run sa-jobs migrate"
+    assert out.splitlines()[-1] == "12 revisions pending: run sa-jobs migrate"
 
     cli("migrate", "--target", "sajobs_core_0002")
     cli("migrate", "--target", "sajobs_unique_0001")
@@ -168,9 +171,10 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
         "sa_jobs_unique": ("sajobs_unique_0001", "sajobs_unique_0002"),
         "sa_jobs_sequence": ("-", "sajobs_sequence_0001"),
         "sa_jobs_job_key": ("-", "sajobs_job_key_0001, sajobs_job_key_0002"),
+        "sa_jobs_periodic": ("-", "sajobs_periodic_0001"),
         "sa_jobs_limits": ("-", "sajobs_limits_0001"),
     }
-    assert out.splitlines()[-1] == "8 revisions pending: run sa-jobs migrate"
+    assert out.splitlines()[-1] == "9 revisions pending: run sa-jobs migrate"
 
     cli("migrate")
     _, out, _ = cli("migrate", "--status")
@@ -179,6 +183,7 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
         "sa_jobs_unique": ("sajobs_unique_0002", "-"),
         "sa_jobs_sequence": ("sajobs_sequence_0001", "-"),
         "sa_jobs_job_key": ("sajobs_job_key_0002", "-"),
+        "sa_jobs_periodic": ("sajobs_periodic_0001", "-"),
         "sa_jobs_limits": ("sajobs_limits_0001", "-"),
     }
     assert out.splitlines()[-1] == "up to date"
