@@ -205,7 +205,10 @@ def jobs_fetch_limited(features: Features) -> ReturningUpdate[Any]:
     """
     locked = (
         select(Job.id, Job.kind, *FETCH_ORDER[:-1])
-        .where(*due_in_queue(), Job.kind != all_(bindparam("full_kinds", type_=ARRAY(Text))))
+        .where(
+            *due_in_queue(features),
+            Job.kind != all_(bindparam("full_kinds", type_=ARRAY(Text))),
+        )
         .order_by(*FETCH_ORDER)
         .limit(bindparam("fetch_limit", type_=Integer))
         .with_for_update(skip_locked=True)

@@ -32,6 +32,7 @@ from sqlalchemy.sql.expression import ColumnElement
 
 from sa_jobs.error_records import describe
 from sa_jobs.models import CORE_COLUMNS, Job
+from sa_jobs.queues import queue_not_paused
 from sa_jobs.schema import NO_FEATURES, Features
 from sa_jobs.states import JobState
 from sa_jobs.worker.backoff import is_transient
@@ -56,14 +57,15 @@ log = logging.getLogger("sa_jobs.worker")
 FETCH_COOLDOWN = 0.002
 
 
-def due_in_queue() -> list[ColumnElement[bool]]:
-    """The rows a fetch of ``:fetch_queue`` may take: its available jobs that are due.
-    Shared with the limited fetch (:mod:`.limited_fetch`), which takes from the same rows."""
-    return [
-        Job.state == JobState.AVAILABLE,
-        Job.queue == bindparam("fetch_queue", type_=Text),
-        Job.scheduled_at <= func.now(),
-    ]
+def due_in_queue(features: Features) -> list[ColumnElement[bool]]:
+    """The rows a fetch of ``:fetch_queue`` may take: its available jobs that are due, of
+    a queue that is not paused (with the queue branch). The one place that says so: the
+    limited fetch (:mod:`.limited_fetch`) takes from the same rows."""
+    queue = bindparam("fetch_queue", type_=Text)
+    due = [Job.state == JobState.AVAILABLE, Job.queue == queue, Job.scheduled_at <= func.now()]
+    if features.queue:
+        due.append(queue_not_paused(queue))
+    return due
 
 
 #: The order jobs start in: the fetch index's.
@@ -101,11 +103,12 @@ def jobs_fetch_available(features: Features = NO_FEATURES) -> ReturningUpdate[An
     at execution. With the unique branch installed, jobs whose lock lasts only until they
     start (Faktory's ``unique_until: start``) give up their key here, for good. With the
     sequence branch, the jobs come back with their ``sequence_key``, so finishing a job
-    that is not in a sequence can skip the sequence bookkeeping.
+    that is not in a sequence can skip the sequence bookkeeping. With the queue branch, a
+    paused queue gives nothing (:func:`~sa_jobs.queues.queue_not_paused`).
     """
     locked = (
         select(Job.id)
-        .where(*due_in_queue())
+        .where(*due_in_queue(features))
         .order_by(*FETCH_ORDER)
         .limit(bindparam("fetch_limit", type_=Integer))
         .with_for_update(skip_locked=True)

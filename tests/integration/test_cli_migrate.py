@@ -29,6 +29,7 @@ ALL_REVISIONS = [
     "sajobs_job_key_0001",
     "sajobs_job_key_0002",
     "sajobs_periodic_0001",
+    "sajobs_queue_0001",
     "sajobs_limits_0001",
 ]
 
@@ -107,6 +108,7 @@ def test_migrate_one_branch_then_the_rest_applies_only_whats_missing(cli: Run) -
         "sajobs_job_key_0001",
         "sajobs_job_key_0002",
         "sajobs_periodic_0001",
+        "sajobs_queue_0001",
         "sajobs_limits_0001",
     ]
 
@@ -156,9 +158,10 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
         "sa_jobs_sequence": ("-", "sajobs_sequence_0001"),
         "sa_jobs_job_key": ("-", "sajobs_job_key_0001, sajobs_job_key_0002"),
         "sa_jobs_periodic": ("-", "sajobs_periodic_0001"),
+        "sa_jobs_queue": ("-", "sajobs_queue_0001"),
         "sa_jobs_limits": ("-", "sajobs_limits_0001"),
     }
-    assert out.splitlines()[-1] == "12 revisions pending: run sa-jobs migrate"
+    assert out.splitlines()[-1] == "13 revisions pending: run sa-jobs migrate"
 
     cli("migrate", "--target", "sajobs_core_0002")
     cli("migrate", "--target", "sajobs_unique_0001")
@@ -172,9 +175,10 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
         "sa_jobs_sequence": ("-", "sajobs_sequence_0001"),
         "sa_jobs_job_key": ("-", "sajobs_job_key_0001, sajobs_job_key_0002"),
         "sa_jobs_periodic": ("-", "sajobs_periodic_0001"),
+        "sa_jobs_queue": ("-", "sajobs_queue_0001"),
         "sa_jobs_limits": ("-", "sajobs_limits_0001"),
     }
-    assert out.splitlines()[-1] == "9 revisions pending: run sa-jobs migrate"
+    assert out.splitlines()[-1] == "10 revisions pending: run sa-jobs migrate"
 
     cli("migrate")
     _, out, _ = cli("migrate", "--status")
@@ -184,6 +188,7 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
         "sa_jobs_sequence": ("sajobs_sequence_0001", "-"),
         "sa_jobs_job_key": ("sajobs_job_key_0002", "-"),
         "sa_jobs_periodic": ("sajobs_periodic_0001", "-"),
+        "sa_jobs_queue": ("sajobs_queue_0001", "-"),
         "sa_jobs_limits": ("sajobs_limits_0001", "-"),
     }
     assert out.splitlines()[-1] == "up to date"

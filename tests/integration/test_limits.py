@@ -265,3 +265,14 @@ def test_a_fetch_without_the_limits_table_names_the_branch(core_only: Engine) ->
         translate_missing_schema(),
     ):
         connection.execute(text("SELECT * FROM sa_job_rate_window"))
+
+
+def test_a_paused_limited_queue_gives_nothing(engine: Engine) -> None:
+    add(engine, 3)
+    limits = [ConcurrencyLimit(queue="q", max_running=5)]
+    with Session(engine) as session, session.begin():
+        sa_jobs.pause_queue(session, "q")
+    assert fetch(engine, "q", 3, limits) == []
+    with Session(engine) as session, session.begin():
+        sa_jobs.resume_queue(session, "q")
+    assert len(fetch(engine, "q", 3, limits)) == 3

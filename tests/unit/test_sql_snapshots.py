@@ -29,7 +29,7 @@ from sa_jobs.complete import finish_statement
 from sa_jobs.insert_statement import _ROW_COLUMNS, ROWS_PARAM, InsertShape, insert_statement
 from sa_jobs.limits import ConcurrencyLimit, RateLimit
 from sa_jobs.options import JobKeyMode
-from sa_jobs.schema import ALL_FEATURES, NO_FEATURES
+from sa_jobs.schema import ALL_FEATURES, NO_FEATURES, Features
 from sa_jobs.sequence import (
     ids_param,
     jobs_advance_sequences,
@@ -112,6 +112,7 @@ STATEMENTS: dict[str, Callable[[], Any]] = {
     # sa_jobs.worker.producer
     "fetch_available_core": lambda: jobs_fetch_available(NO_FEATURES),
     "fetch_available_all_features": lambda: jobs_fetch_available(ALL_FEATURES),
+    "fetch_available_queue_controls": lambda: jobs_fetch_available(Features(queue=True)),
     # sa_jobs.worker.limited_fetch
     "fetch_limited": lambda: jobs_fetch_limited(ALL_FEATURES),
     "limits_lock_scopes": lambda: lock_scopes(LIMITS),

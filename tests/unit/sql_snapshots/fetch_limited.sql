@@ -1,7 +1,9 @@
 WITH locked AS
 (SELECT sa_job.id AS id, sa_job.kind AS kind, sa_job.priority AS priority, sa_job.scheduled_at AS scheduled_at
 FROM sa_job
-WHERE sa_job.state = %(state_1)s AND sa_job.queue = %(fetch_queue)s::VARCHAR AND sa_job.scheduled_at <= now() AND sa_job.kind != ALL (%(full_kinds)s::TEXT[]) ORDER BY sa_job.priority, sa_job.scheduled_at, sa_job.id
+WHERE sa_job.state = %(state_1)s AND sa_job.queue = %(fetch_queue)s::VARCHAR AND sa_job.scheduled_at <= now() AND NOT (EXISTS (SELECT *
+FROM sa_job_queue
+WHERE sa_job_queue.name = %(fetch_queue)s::VARCHAR AND sa_job_queue.paused_at IS NOT NULL)) AND sa_job.kind != ALL (%(full_kinds)s::TEXT[]) ORDER BY sa_job.priority, sa_job.scheduled_at, sa_job.id
  LIMIT %(fetch_limit)s::INTEGER FOR UPDATE SKIP LOCKED),
 ranked AS
 (SELECT locked.id AS id, locked.kind AS kind, row_number() OVER (PARTITION BY locked.kind ORDER BY locked.priority, locked.scheduled_at, locked.id) AS rank
