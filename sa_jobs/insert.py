@@ -32,11 +32,13 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.sql.dml import Insert
 
 from sa_jobs.errors import InvalidOptionsError, SchemaMissingError
+from sa_jobs.hooks import INSERT_HOOKS, InsertCall
 from sa_jobs.insert_statement import (
     build_insert,
     in_input_order,
     insert_statement,
     rows_param,
+    sent_values,
     shape_of,
 )
 from sa_jobs.job_key import insert_keyed
@@ -231,8 +233,30 @@ def write_rows(
 
     ``run`` executes each statement and reads its rows. Consecutive rows of one kind of
     add (plain, unique or sequenced; or keyed with one mode) go together, so ids follow
-    input order.
+    input order. The process's insert hooks (:mod:`sa_jobs.hooks`) run around it.
     """
+    hooks = INSERT_HOOKS.active
+    if not hooks:
+        return _write_rows(connection, rows, run, batch_size)
+    call = InsertCall(hooks, rows)
+    call.begin()
+    try:
+        written = _write_rows(connection, rows, run, batch_size)
+    except BaseException as exc:
+        call.end(None, exc)
+        raise
+    call.end((_id_of(entry.returned), entry.action) for entry in written)
+    return written
+
+
+def _id_of(returned: Returned) -> int | None:
+    job = returned.job
+    return job.id if isinstance(job, Job) else job["id"]  # type: ignore[no-any-return]
+
+
+def _write_rows(
+    connection: Connection, rows: Sequence[JobRow], run: Run, batch_size: int
+) -> list[Written]:
     results: list[Written] = []
     with _noting_aborted_transaction(), translate_missing_schema():
         for mode, group in itertools.groupby(rows, key=_keyed_mode):
@@ -280,6 +304,8 @@ def _write_plain(
         returned = run(insert_statement(shape), rows_param(sent), False)
         if shape.unique:
             returned = in_input_order(sent, returned)
+        else:
+            returned = [_with_sent(entry, row) for entry, row in zip(returned, sent, strict=True)]
         answered: set[int] = set()
         for answer in answers:
             row = returned[answer]
@@ -289,6 +315,20 @@ def _write_plain(
             action = InsertAction.SKIPPED_DUPLICATE if duplicate else InsertAction.INSERTED
             results.append(Written(row, action))
     return results
+
+
+def _with_sent(entry: Returned, row: JobRow) -> Returned:
+    """Complete a row of a plain insert with the columns it did not return."""
+    values = sent_values(row)
+    if isinstance(entry.job, Job):
+        for name, value in values.items():
+            set_committed_value(entry.job, _ATTRIBUTE_OF[name], value)
+        return entry
+    return attrs.evolve(entry, job={**entry.job, **values})
+
+
+#: Job attribute names by column name (``metadata`` is ``metadata_`` on the class).
+_ATTRIBUTE_OF = {attr.columns[0].name: attr.key for attr in Job.__mapper__.column_attrs}
 
 
 def _lock_sequences_of(connection: Connection, rows: Sequence[JobRow]) -> None:

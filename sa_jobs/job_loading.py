@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import ColumnElement
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import configure_mappers
 from sqlalchemy.orm.attributes import instance_state
@@ -32,16 +31,24 @@ __all__ = ["detached_job_builder"]
 
 
 def detached_job_builder(
-    columns: Sequence[ColumnElement[Any]],
+    columns: Sequence[Any],
 ) -> Callable[[Sequence[Any]], Job[Any]]:
-    """A function turning one row of ``columns`` (``sa_job`` columns, in that order, as a
-    Core statement returns them: types already converted) into a detached ``Job``.
+    """A function turning one row of ``columns`` (``sa_job`` columns or ``Job``
+    attributes, in that order, as a Core statement returns them: types already converted)
+    into a detached ``Job``.
 
     The row must include the primary key, ``id``.
     """
     configure_mappers()  # the class manager's attribute implementations must exist
     mapper = sa_inspect(Job)
-    keys = tuple(mapper.get_property_by_column(column).key for column in columns)
+    keys = tuple(
+        # A mapped attribute (Job.sequence_key) names its property; a table column is
+        # looked up (sa_job.args is Job.args_json).
+        prop.key
+        if (prop := getattr(column, "property", None)) is not None
+        else mapper.get_property_by_column(column).key
+        for column in columns
+    )
     id_index = keys.index("id")
     manager = manager_of_class(Job)
 

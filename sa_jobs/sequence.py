@@ -34,6 +34,7 @@ from sqlalchemy import (
     BigInteger,
     Connection,
     Integer,
+    LargeBinary,
     Select,
     Text,
     and_,
@@ -47,7 +48,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.sql.expression import ColumnElement
+from sqlalchemy.sql.expression import ColumnElement, FromClause
 
 from sa_jobs.args import JobKind
 from sa_jobs.keys import canonical_args, canonical_bytes, key_digest
@@ -58,12 +59,14 @@ from sa_jobs.states import FINAL_STATES, JobState
 
 __all__ = [
     "advance_sequences",
+    "halts_sequence",
     "ids_param",
     "lock_keys",
     "lock_keys_in",
     "lock_keys_of_jobs",
     "lock_sequences_of_jobs",
     "passes_slot_on",
+    "promote_after_delete",
     "promote_next",
     "retry_values",
     "sequence_values",
@@ -209,6 +212,16 @@ def passes_slot_on() -> ColumnElement[bool]:
     )
 
 
+def halts_sequence(jobs: FromClause) -> ColumnElement[bool]:
+    """True for rows of ``jobs`` that halt their sequence: a slot holder that finished
+    (only a halting cancel or discard keeps the slot). Read through the slot index."""
+    return and_(
+        jobs.c.sequence_key.is_not(None),
+        jobs.c.sequence_slot,
+        jobs.c.state.in_([state.value for state in FINAL_STATES]),
+    )
+
+
 def promote_next(released: Any) -> Select[int, Any]:
     """Give each released sequence's slot to its lowest pending job; notify queues."""
     pending = job_table.alias("next_pending")
@@ -278,6 +291,20 @@ def advance_sequences(connection: Connection, job_ids: Sequence[int]) -> int:
         return 0
     lock_sequences_of_jobs(connection, job_ids)
     promoted, _ = connection.execute(jobs_advance_sequences(job_ids)).one()
+    return int(promoted)
+
+
+def promote_after_delete(connection: Connection, keys: Sequence[bytes]) -> int:
+    """Slot holders of these sequences were deleted (under their locks, in this
+    transaction): give each slot to its lowest pending job. Returns promotions.
+
+    A deleted job, halted or active, no longer holds its sequence back.
+    """
+    if not keys:
+        return 0
+    each = func.unnest(bindparam("sa_jobs_released_keys", list(keys), type_=ARRAY(LargeBinary)))
+    released = each.table_valued("sequence_key").render_derived(name="released_slots")
+    promoted, _ = connection.execute(promote_next(released)).one()
     return int(promoted)
 
 

@@ -26,17 +26,30 @@ from sqlalchemy import (
     text,
     update,
 )
+from sqlalchemy.orm import undefer
 from sqlalchemy.sql.dml import ReturningUpdate
+from sqlalchemy.sql.expression import ColumnElement
 
 from sa_jobs.error_records import describe
 from sa_jobs.job_loading import detached_job_builder
-from sa_jobs.models import CORE_COLUMNS, Job, job_table
+from sa_jobs.models import CORE_COLUMNS, Job
+from sa_jobs.queues import queue_not_paused
 from sa_jobs.schema import NO_FEATURES, Features
 from sa_jobs.states import JobState
 from sa_jobs.worker.backoff import is_transient
 from sa_jobs.worker.service import Backoff, Service
 
-__all__ = ["Producer", "fetch_jobs", "jobs_fetch_available"]
+__all__ = [
+    "FETCH_ORDER",
+    "Producer",
+    "as_jobs",
+    "due_in_queue",
+    "fetch_jobs",
+    "fetched_columns",
+    "in_start_order",
+    "jobs_fetch_available",
+    "running_values",
+]
 
 log = logging.getLogger("sa_jobs.worker")
 
@@ -45,11 +58,41 @@ log = logging.getLogger("sa_jobs.worker")
 FETCH_COOLDOWN = 0.002
 
 
-def fetched_columns(features: Features) -> Sequence[Any]:
-    """What a fetch returns of each job, in order: the core columns, and with the sequence
-    branch the ``sequence_key`` (so finishing a job that is not in a sequence can skip the
-    sequence bookkeeping)."""
-    return [*CORE_COLUMNS, job_table.c.sequence_key] if features.sequence else CORE_COLUMNS
+def due_in_queue(features: Features) -> list[ColumnElement[bool]]:
+    """The rows a fetch of ``:fetch_queue`` may take: its available jobs that are due, of
+    a queue that is not paused (with the queue branch). The one place that says so: the
+    limited fetch (:mod:`.limited_fetch`) takes from the same rows."""
+    queue = bindparam("fetch_queue", type_=Text)
+    due = [Job.state == JobState.AVAILABLE, Job.queue == queue, Job.scheduled_at <= func.now()]
+    if features.queue:
+        due.append(queue_not_paused(queue))
+    return due
+
+
+#: The order jobs start in: the fetch index's.
+FETCH_ORDER = (Job.priority, Job.scheduled_at, Job.id)
+
+
+def running_values(features: Features, attempted_at: ColumnElement[Any]) -> dict[str, Any]:
+    """What a fetch writes into the jobs it takes (``:fetch_worker_id`` is bound)."""
+    values: dict[str, Any] = {
+        "state": JobState.RUNNING,
+        "attempt": Job.attempt + 1,
+        "run_count": Job.run_count + 1,
+        "attempted_at": attempted_at,
+        "attempted_by": func.array_append(
+            func.coalesce(Job.attempted_by, text("'{}'::text[]")),
+            bindparam("fetch_worker_id", type_=Text),
+        ),
+    }
+    if features.unique:
+        values["unique_key"] = case((Job.unique_until_start, null()), else_=Job.unique_key)
+    return values
+
+
+def fetched_columns(features: Features) -> tuple[Any, ...]:
+    """The columns a fetch returns (with the sequence branch, the jobs' ``sequence_key``)."""
+    return (*CORE_COLUMNS, Job.sequence_key) if features.sequence else CORE_COLUMNS
 
 
 @functools.cache
@@ -61,38 +104,34 @@ def jobs_fetch_available(features: Features = NO_FEATURES) -> ReturningUpdate[An
     at execution. With the unique branch installed, jobs whose lock lasts only until they
     start (Faktory's ``unique_until: start``) give up their key here, for good. With the
     sequence branch, the jobs come back with their ``sequence_key``, so finishing a job
-    that is not in a sequence can skip the sequence bookkeeping.
+    that is not in a sequence can skip the sequence bookkeeping. With the queue branch, a
+    paused queue gives nothing (:func:`~sa_jobs.queues.queue_not_paused`).
     """
     locked = (
         select(Job.id)
-        .where(
-            Job.state == JobState.AVAILABLE,
-            Job.queue == bindparam("fetch_queue", type_=Text),
-            Job.scheduled_at <= func.now(),
-        )
-        .order_by(Job.priority, Job.scheduled_at, Job.id)
+        .where(*due_in_queue(features))
+        .order_by(*FETCH_ORDER)
         .limit(bindparam("fetch_limit", type_=Integer))
         .with_for_update(skip_locked=True)
         .cte("locked")
     )
-    values: dict[str, Any] = {
-        "state": JobState.RUNNING,
-        "attempt": Job.attempt + 1,
-        "run_count": Job.run_count + 1,
-        "attempted_at": func.now(),
-        "attempted_by": func.array_append(
-            func.coalesce(Job.attempted_by, text("'{}'::text[]")),
-            bindparam("fetch_worker_id", type_=Text),
-        ),
-    }
-    if features.unique:
-        values["unique_key"] = case((Job.unique_until_start, null()), else_=Job.unique_key)
     return (
         update(Job)
         .where(Job.id == locked.c.id)
-        .values(values)
+        .values(running_values(features, func.now()))
         .returning(*fetched_columns(features))
     )
+
+
+def as_jobs(statement: ReturningUpdate[Any], features: Features) -> Any:
+    """``statement``'s returned rows as :class:`Job` objects."""
+    loading = select(Job).from_statement(statement)
+    if features.sequence:
+        # sequence_key is deferred on Job; without this the ORM ignores the returned
+        # column, and the completer cannot tell an unsequenced job from an unloaded one
+        # (it would take the sequence locks and bookkeeping for every batch).
+        loading = loading.options(undefer(Job.sequence_key))
+    return loading
 
 
 @functools.cache
@@ -128,6 +167,11 @@ def fetch_jobs(
         build = _job_builder(features)
         rows = connection.execute(jobs_fetch_available(features), params).all()
         jobs = [build(row) for row in rows]
+    return in_start_order(jobs)
+
+
+def in_start_order(jobs: list[Job[Any]]) -> list[Job[Any]]:
+    """``jobs`` sorted as they should start (RETURNING keeps no order)."""
     jobs.sort(key=lambda job: (job.priority, job.scheduled_at, job.id))
     return jobs
 

@@ -2,8 +2,9 @@
 
 ``Worker.start`` builds a :class:`WorkerRun` and ``Worker.stop`` tears it down, so a
 worker can be started again. The run wires the pieces, each in its own module:
-producers fetch (:mod:`.producer`), a pool of threads and an event loop run handlers
-(:mod:`.pool`, :mod:`.aio`, :mod:`.execution`), the watchdog enforces timeouts
+producers fetch (:mod:`.producer`; :mod:`.limited_fetch` for limited queues), a pool
+of threads and an event loop run handlers (:mod:`.pool`, :mod:`.aio`,
+:mod:`.execution`), the watchdog enforces timeouts
 (:mod:`.watchdog`), the completer writes outcomes (:mod:`.completer`), the notifier
 listens (:mod:`.notifier`) and the maintenance thread keeps the table healthy
 (:mod:`.maintenance.loop`).
@@ -19,13 +20,18 @@ from typing import Any, Literal, Protocol
 from sqlalchemy import Engine
 
 from sa_jobs.complete import Outcome
+from sa_jobs.errors import SchemaMissingError
+from sa_jobs.hooks import WorkHook, WorkHooks
+from sa_jobs.limits import Limit
 from sa_jobs.models import Job
-from sa_jobs.schema import Features
+from sa_jobs.periodic.definition import PeriodicJob
+from sa_jobs.schema import LIMITS_BRANCH, PERIODIC_BRANCH, Features
 from sa_jobs.worker.aio import EventLoopThread
 from sa_jobs.worker.completer import BatchCompleter, Completer, InlineCompleter, OutcomeWriter
 from sa_jobs.worker.engines import WorkerEngines, prepare_warning
 from sa_jobs.worker.execution import Execution, Interrupt, run_async, run_sync
 from sa_jobs.worker.handlers import HandlerRegistry
+from sa_jobs.worker.limited_fetch import fetch_limited, plan_limits
 from sa_jobs.worker.maintenance.loop import MaintenanceConfig, MaintenanceLoop
 from sa_jobs.worker.notifier import ListenOptions, Notifier, check_same_database
 from sa_jobs.worker.pool import HandlerThreads
@@ -57,6 +63,11 @@ class RunSettings(Protocol):
     interrupt_grace: float
     stuck_thread_limit: int
     listen: ListenOptions
+    periodic: list[PeriodicJob]
+    hooks: list[WorkHook]
+
+    @property
+    def limits(self) -> tuple[Limit, ...]: ...
 
     @property
     def completer_kind(self) -> Literal["batch", "inline"]: ...
@@ -111,6 +122,10 @@ class WorkerRun:
         self._lock = threading.Lock()
         self._executions: dict[int, Execution] = {}
         self._started: list[str] = []
+        #: Queues a pause notification said are paused: their insert notifications
+        #: wake nobody (the fetch would find nothing). Only a hint — the fetch statement
+        #: enforces a pause, and the producers' polls still run.
+        self._paused_hint: set[str] = set()
 
     # -- start and stop
 
@@ -118,6 +133,7 @@ class WorkerRun:
         worker = self.worker
         engines = worker.engines
         handlers = worker.handlers.all()
+        self.hooks = WorkHooks(worker.hooks) if worker.hooks else None
         # A derived or passed engine is checked before anything else uses it.
         two_engines = engines.sync is not engines.given
         async_sessions = any(h.is_async and h.wants_session for h in handlers)
@@ -133,8 +149,15 @@ class WorkerRun:
             behind_pooler = prepare_warning(connection)
         if behind_pooler is not None:
             log.warning("%s", behind_pooler)
+        if worker.periodic and not features.periodic:
+            raise SchemaMissingError(
+                PERIODIC_BRANCH, "Worker(periodic=[...]) keeps its state there"
+            )
         if worker.listen.engine is not None:
             check_same_database(worker.listen.engine, self.engine)
+        limited = plan_limits(worker.limits, worker.queues)
+        if limited and not features.limits:
+            raise SchemaMissingError(LIMITS_BRANCH, "the worker declares limits")
         self.pool = HandlerThreads("sa_jobs-job", worker.stuck_thread_limit, self._release_slot)
         writer = OutcomeWriter(
             self.engine,
@@ -146,13 +169,18 @@ class WorkerRun:
             BatchCompleter(writer) if worker.completer_kind == "batch" else InlineCompleter(writer)
         )
         self.watchdog = Watchdog(worker.interrupt_grace)
+
+        def fetch(queue: str, free: int) -> list[Job[Any]]:
+            limits = limited.get(queue)
+            if limits is None:  # the plain fetch, as if limits did not exist
+                return fetch_jobs(self.engine, queue, free, worker.id, features=features)
+            return fetch_limited(self.engine, limits, free, worker.id, features=features)
+
         self.producers = {
             queue: Producer(
                 queue,
                 concurrency,
-                fetch=lambda q, limit: fetch_jobs(
-                    self.engine, q, limit, worker.id, features=features
-                ),
+                fetch=fetch,
                 dispatch=self._dispatch,
                 poll_interval=worker.poll_interval,
                 stopping=self.stopping_fetch,
@@ -170,12 +198,14 @@ class WorkerRun:
             features=features,
             retry_delay=worker.retry_delay_for,
             stopping=self.closing,
+            periodic=worker.periodic,
         )
         self.notifier = Notifier(
             self.engine,
             on_queue=self.wake_queue,
             on_cancel=self.cancel_running,
             on_connect=self.wake_all,
+            on_queue_control=self.queue_control,
             stopping=self.closing,
             listen=worker.listen,
             poll_interval=worker.poll_interval,
@@ -247,7 +277,8 @@ class WorkerRun:
         find = self.worker.handlers.find
         policy, settled, watch = self.worker.retry_policy, self._settled, self.watchdog.watch
         executions = [
-            Execution(job, find(job.kind), policy, settled, on_begin=watch) for job in jobs
+            Execution(job, find(job.kind), policy, settled, on_begin=watch, hooks=self.hooks)
+            for job in jobs
         ]
         with self._lock:
             for execution in executions:
@@ -298,11 +329,23 @@ class WorkerRun:
 
     def wake_queue(self, queue: str) -> None:
         producer = self.producers.get(queue)
-        if producer is not None:
+        if producer is not None and queue not in self._paused_hint:
             producer.wake()
 
     def wake_all(self) -> None:
+        # (Re)connected: notifications may have been missed, so forget the hints too.
+        self._paused_hint.clear()
         for producer in self.producers.values():
+            producer.wake()
+
+    def queue_control(self, queue: str, paused: bool) -> None:
+        """A queue was paused or resumed (a control notification)."""
+        if paused:
+            self._paused_hint.add(queue)
+            return
+        self._paused_hint.discard(queue)
+        producer = self.producers.get(queue)
+        if producer is not None:
             producer.wake()
 
     def idle(self) -> bool:

@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal, Protocol, TypeVar, cast, overload
 
@@ -27,9 +27,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from sa_jobs.errors import InvalidOptionsError
+from sa_jobs.hooks import WorkHook, WorkHooks
+from sa_jobs.limits import Limit, check_worker_limits
 from sa_jobs.models import Job
 from sa_jobs.option_checks import check_queue, check_timeout
 from sa_jobs.options import UNSET
+from sa_jobs.periodic.definition import PeriodicJob, check_periodic_jobs
+from sa_jobs.queues import queue_not_paused
+from sa_jobs.schema import Features
 from sa_jobs.states import JobState
 from sa_jobs.worker.engines import WorkerEngines
 from sa_jobs.worker.handlers import HandlerRegistry
@@ -67,6 +72,9 @@ class Register(Protocol[A]):
 
 
 DEFAULT_JOB_TIMEOUT = dt.timedelta(minutes=1)
+#: How long :meth:`Worker.run_until_idle` waits before looking again for due jobs that
+#: its limits held back.
+LIMITED_RECHECK = 0.05
 
 
 class Worker:
@@ -107,6 +115,9 @@ class Worker:
             cancel requests at each heartbeat. Without either option, a listen
             connection that receives no notification (a transaction pooler) makes the
             worker poll with a warning. See ``docs/operations.md``.
+        hooks: Work hooks (:class:`sa_jobs.hooks.WorkHook`) called around every
+            attempt, in this order; more with :meth:`add_hook`. See
+            ``docs/observability.md``.
     """
 
     def __init__(
@@ -126,7 +137,12 @@ class Worker:
         sync_engine: Engine | None = None,
         listen_engine: Engine | URL | str | None = None,
         poll_only: bool = False,
+        periodic: Iterable[PeriodicJob] = (),
+        hooks: Iterable[WorkHook] = (),
+        limits: Iterable[Limit] = (),
     ) -> None:
+        #: The periodic jobs this process fires (checked: distinct names).
+        self.periodic: list[PeriodicJob] = check_periodic_jobs(periodic)
         #: Where notifications come from (``listen_engine``, ``poll_only``).
         self.listen = ListenOptions.build(listen_engine, poll_only)
         self.engines = WorkerEngines(engine, sync_engine=sync_engine, async_engine=async_engine)
@@ -134,7 +150,9 @@ class Worker:
         self.engine: Engine = self.engines.sync
         self._run: WorkerRun | None = None
         self._stuck_limit_given = stuck_thread_limit
+        self._limits: tuple[Limit, ...] = ()
         self.queues = dict(queues if queues is not None else {"default": 10})
+        self._limits = check_worker_limits(limits, self.queues)
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         if retry_policy is not None and not callable(getattr(retry_policy, "next_delay", None)):
             raise InvalidOptionsError(
@@ -161,6 +179,10 @@ class Worker:
         if stuck_thread_limit is not None:
             self.stuck_thread_limit = stuck_thread_limit
         self._lifecycle = threading.Lock()
+        #: Work hooks, in the order their ``before_work`` is called.
+        self.hooks: list[WorkHook] = []
+        for hook in hooks:
+            self.add_hook(hook)
 
     @property
     def queues(self) -> dict[str, int]:
@@ -174,9 +196,15 @@ class Worker:
             raise InvalidOptionsError("queues", "cannot change while the worker runs; stop() it")
         checked = dict(queues)
         _check_queues(checked)
+        check_worker_limits(self._limits, checked)
         self._queues = checked
         if self._stuck_limit_given is None:
             self.stuck_thread_limit = sum(checked.values())
+
+    @property
+    def limits(self) -> tuple[Limit, ...]:
+        """The limits this worker's fetches enforce (checked against its queues)."""
+        return self._limits
 
     # ------------------------------------------------------------------ registration
 
@@ -206,6 +234,18 @@ class Worker:
             return function
 
         return cast(Register[A], register)
+
+    def add_hook(self, hook: WorkHook) -> None:
+        """Call ``hook`` around every attempt, after the hooks added before it.
+
+        Raises:
+            InvalidOptionsError: ``hook`` lacks ``before_work`` or ``after_work``, or
+                the worker is running (stop() it first).
+        """
+        WorkHooks.check(hook)
+        if self._run is not None:
+            raise InvalidOptionsError("hooks", "cannot be added while the worker runs; stop() it")
+        self.hooks.append(hook)
 
     def _async_session_problem(self) -> str | None:
         return self.engines.async_problem
@@ -312,10 +352,12 @@ class Worker:
         """Work every job that is due now in this worker's queues, then stop.
 
         Scheduled and retryable jobs that become due meanwhile are worked too; jobs due
-        later are left alone. Meant for tests and scripts; can be called again. It
-        returns early, gracefully, on :meth:`stop` from another thread or — called from
-        the main thread — on SIGTERM/SIGINT, as :meth:`run` does (a second signal
-        cancels the running jobs); what is left stays queued.
+        later, and jobs of paused queues, are left alone; jobs a limit holds back are
+        waited for (a rate limit's next window, another process's running jobs). Meant
+        for tests and scripts; can be called again. It returns early, gracefully, on
+        :meth:`stop` from another thread or — called from the main thread — on
+        SIGTERM/SIGINT, as :meth:`run` does (a second signal cancels the running jobs);
+        what is left stays queued.
 
         Raises:
             TimeoutError: still busy after ``timeout`` seconds (the worker is stopped).
@@ -340,6 +382,10 @@ class Worker:
                         stop_requested.wait(0.005)
                     if not promoted and not self._due_work_left():
                         return
+                    if self._limits:
+                        # Due jobs a limit holds back (their scope is full elsewhere, or
+                        # its rate is spent) are looked for again after a pause, not at once.
+                        stop_requested.wait(LIMITED_RECHECK)
                 log.info("stopped before the queues were idle; what is left stays queued")
         finally:
             self.stop(cancel=run.cancel_requested.is_set())
@@ -406,13 +452,16 @@ class Worker:
 
     def _due_work_left(self) -> bool:
         queues = list(self.queues)
-        due = exists().where(
+        conditions = [
             Job.queue.in_(queues),
             Job.scheduled_at <= func.now(),
             Job.state.in_([JobState.AVAILABLE, JobState.SCHEDULED, JobState.RETRYABLE]),
-        )
+        ]
         with self.engine.connect() as connection:
-            return bool(connection.scalar(select(due)))
+            if Features.of(connection).queue:
+                # A paused queue's jobs are not work this worker could do now.
+                conditions.append(queue_not_paused(Job.queue))
+            return bool(connection.scalar(select(exists().where(*conditions))))
 
 
 def _positive(option: str, value: object) -> float:
