@@ -26,6 +26,7 @@ from sqlalchemy import (
     Integer,
     Text,
     and_,
+    bindparam,
     case,
     column,
     func,
@@ -33,10 +34,11 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.sql.dml import ReturningUpdate
+from sqlalchemy.sql.expression import ColumnElement, Select
 
 from sa_jobs.errors import JobNotFoundError, JobStateError
 from sa_jobs.models import Job, entering
@@ -171,12 +173,11 @@ def _build_finish(
     gives_attempt_back = and_(
         ending.in_([Ending.SNOOZED.value, Ending.RETURNED.value]), next_state.in_(runs_again)
     )
-    guards = [Job.id == source.c.id, Job.run_count == source.c.run, Job.state == JobState.RUNNING]
+    sequence_ids = None
     if sequence:
         ids = json_recordset(OUTCOMES_PARAM, [column("id", BigInteger)], "locking", outcomes)
-        # Sequence locks before row locks, in the order inserters take them.
-        locks = lock_keys_of_jobs(select(ids.c.id)).cte("sequence_locks")
-        guards.append(select(func.count()).select_from(locks).scalar_subquery() >= 0)
+        sequence_ids = select(ids.c.id)
+    guards = _run_guards(source, sequence_ids)
     statement = (
         update(Job)
         .where(*guards)
@@ -210,6 +211,56 @@ def _build_finish(
     return statement
 
 
+#: The bound parameters of :func:`completed_statement`: job ids and their runs, as arrays.
+COMPLETED_IDS_PARAM = "sa_jobs_completed_ids"
+COMPLETED_RUNS_PARAM = "sa_jobs_completed_runs"
+
+
+@functools.cache
+def completed_statement(
+    *, sequence: bool = False, job_key: bool = False
+) -> ReturningUpdate[int, JobState]:
+    """:func:`finish_statement` for a batch whose every outcome is a plain completion,
+    the common case by far; execute it with ``{COMPLETED_IDS_PARAM: [ids],
+    COMPLETED_RUNS_PARAM: [runs]}``.
+
+    Same guards and same result as :func:`finish_statement`, whose first rule is that a
+    completed run completes (whatever else is true of the row): the state becomes
+    ``completed``, ``finalized_at`` is set, a job key is released, and ``scheduled_at``,
+    ``errors`` and ``attempt`` stay as they are. It takes two arrays instead of a JSON
+    document of one object per outcome: no JSON to build in Python, and no rules to
+    evaluate per row.
+    """
+    ids = bindparam(COMPLETED_IDS_PARAM, type_=ARRAY(BigInteger))
+    runs = bindparam(COMPLETED_RUNS_PARAM, type_=ARRAY(Integer))
+    source = (
+        func.unnest(ids, runs)
+        .table_valued(column("id", BigInteger), column("run", Integer))
+        .render_derived(name="outcome")
+    )
+    guards = _run_guards(source, select(func.unnest(ids)) if sequence else None)
+    # entering(completed), spelled out: COMPLETED is final, so finalized_at is set.
+    values: dict[str, Any] = {"state": JobState.COMPLETED, "finalized_at": func.now()}
+    if job_key:
+        values["job_key"] = null()
+    return update(Job).where(*guards).values(values).returning(Job.id, Job.state)
+
+
+def _run_guards(source: Any, sequence_ids: Select[Any] | None) -> list[ColumnElement[bool]]:
+    """The rows a finish statement may touch: the outcome's run of its job, still
+    running. With ``sequence_ids`` (the jobs' ids) their sequence locks are taken first."""
+    guards: list[ColumnElement[bool]] = [
+        Job.id == source.c.id,
+        Job.run_count == source.c.run,
+        Job.state == JobState.RUNNING,
+    ]
+    if sequence_ids is not None:
+        # Sequence locks before row locks, in the order inserters take them.
+        locks = lock_keys_of_jobs(sequence_ids).cte("sequence_locks")
+        guards.append(select(func.count()).select_from(locks).scalar_subquery() >= 0)
+    return guards
+
+
 def _release_job_key(next_state: Any) -> dict[str, Any]:
     # Graphile deletes completed jobs, freeing their key; we keep the row and free the key.
     released = [JobState.COMPLETED.value, JobState.CANCELLED.value]
@@ -226,12 +277,24 @@ def _outcome_json(outcome: Outcome) -> dict[str, Any]:
     }
 
 
+def _plain_completion(outcome: Outcome) -> bool:
+    return outcome.ending is Ending.COMPLETED and outcome.error is None
+
+
 def finish_in(connection: Connection, outcomes: Sequence[Outcome]) -> list[tuple[int, JobState]]:
     """Write outcomes in the connection's transaction, and move sequences on with them."""
     features = Features.of(connection)
     sequence = features.sequence and any(o.sequenced is not False for o in outcomes)
-    finish = finish_statement(sequence=sequence, job_key=features.job_key)
-    rows = connection.execute(finish, {OUTCOMES_PARAM: outcomes_json(outcomes)}).all()
+    if all(_plain_completion(outcome) for outcome in outcomes):
+        finish = completed_statement(sequence=sequence, job_key=features.job_key)
+        params: dict[str, Any] = {
+            COMPLETED_IDS_PARAM: [outcome.job_id for outcome in outcomes],
+            COMPLETED_RUNS_PARAM: [outcome.run for outcome in outcomes],
+        }
+    else:
+        finish = finish_statement(sequence=sequence, job_key=features.job_key)
+        params = {OUTCOMES_PARAM: outcomes_json(outcomes)}
+    rows = connection.execute(finish, params).all()
     changed = [(int(job_id), JobState(state)) for job_id, state in rows]
     if sequence:
         finished = [job_id for job_id, state in changed if state in FINAL_STATES]

@@ -243,9 +243,10 @@ def sent_statements(
 
 def is_finish_statement(statement: str) -> bool:
     """Is this a ``jobs_finish`` statement (what the completer writes outcomes with)?"""
-    # sa_jobs.complete.jobs_finish: [WITH ...] UPDATE sa_job SET state=CAST(CASE ...
-    # FROM jsonb_to_recordset(...) AS outcome
-    return "UPDATE sa_job SET state=CAST(CASE" in statement and "AS outcome(" in statement
+    # sa_jobs.complete: [WITH ...] UPDATE sa_job SET state=CAST(CASE ...
+    # FROM jsonb_to_recordset(...) AS outcome(...), or for a batch of completions
+    # UPDATE sa_job SET state=... FROM unnest(...) AS outcome(id, run)
+    return "UPDATE sa_job SET state=" in statement and "AS outcome(" in statement
 
 
 def finish_statements(engine: Engine) -> contextlib.AbstractContextManager[list[str]]:

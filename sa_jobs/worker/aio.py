@@ -13,7 +13,7 @@ import asyncio
 import collections
 import contextlib
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -47,8 +47,13 @@ class EventLoopThread:
 
     def submit(self, coroutine: Coroutine[Any, Any, None]) -> None:
         """Run ``coroutine`` as a task on the loop (from any thread)."""
+        self.submit_many([coroutine])
+
+    def submit_many(self, coroutines: Sequence[Coroutine[Any, Any, None]]) -> None:
+        """Run each coroutine as a task on the loop (from any thread): one wake-up of the
+        loop for all of them, and none if one is on its way already."""
         with self._incoming_lock:
-            self._incoming.append(coroutine)
+            self._incoming.extend(coroutines)
             if self._wake_scheduled:
                 return
             self._wake_scheduled = True

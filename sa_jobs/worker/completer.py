@@ -16,13 +16,17 @@ another's:
   no longer counted as held by this process, so the rescuer retries them once
   ``rescue_after`` has passed. Nothing is held forever, and nothing is lost.
 
-The batched strategy collects outcomes for up to ``interval`` seconds (or ``max_batch``
-of them) and writes them with one :func:`~sa_jobs.complete.jobs_finish` statement.
+The batched strategy writes an outcome at once when it has been idle, and while busy
+collects outcomes until ``interval`` seconds after its previous write (at most
+``max_batch`` of them), writing each batch with one statement
+(:func:`~sa_jobs.complete.finish_in`): a batch of plain completions, the common case, as
+two arrays of ids and runs; any other batch as one JSON document.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -280,22 +284,32 @@ class BatchCompleter(Service):
             )
 
     def run_loop(self) -> None:
+        # The batch size adapts to the load: an outcome that arrives while the completer
+        # is idle (its last write was more than `interval` ago) is written at once; while
+        # busy, outcomes gather until `interval` after the previous write, so a busy
+        # worker writes one statement per interval however many jobs it finishes.
+        # Meanwhile the completer sleeps rather than waiting on the queue, so a handler
+        # thread's submit never has to wake it.
+        last_write = -math.inf
         stopping = False
         while not stopping:
             first = self._queue.get()
             if first is None:
                 break
+            wait = last_write + self._interval - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
             batch = [first]
-            deadline = time.monotonic() + self._interval
             while len(batch) < self._max_batch:
                 try:
-                    item = self._queue.get(timeout=max(deadline - time.monotonic(), 0))
+                    item = self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if item is None:
                     stopping = True
                     break
                 batch.append(item)
+            last_write = time.monotonic()
             try:
                 self.writer.write(batch)
             except Exception:  # write() never raises; if it does, it is our bug

@@ -28,7 +28,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sa_jobs.worker.execution import Execution
@@ -72,20 +72,31 @@ class HandlerThreads:
 
     def submit(self, function: Callable[..., Any], execution: Execution, *args: Any) -> None:
         """Run ``function(execution, *args)`` on an idle thread, or on a new one."""
-        item: _Work = (function, execution, args)
+        self.submit_many(function, [execution], *args)
+
+    def submit_many(
+        self, function: Callable[..., Any], executions: Sequence[Execution], *args: Any
+    ) -> None:
+        """Run ``function(execution, *args)`` for each execution, each on a thread of its
+        own (an idle one, or a new one); one hand-off for a fetched batch."""
+        new: list[threading.Thread] = []
         with self._lock:
-            if self._idle:
-                self._idle -= 1
-                self._work.put(item)
-                return
-            thread = threading.Thread(
-                target=self._run,
-                args=(item,),
-                name=f"{self._name}-{len(self._threads)}",
-                daemon=True,
-            )
-            self._threads.append(thread)
-        thread.start()
+            for execution in executions:
+                item: _Work = (function, execution, args)
+                if self._idle:
+                    self._idle -= 1
+                    self._work.put(item)
+                    continue
+                thread = threading.Thread(
+                    target=self._run,
+                    args=(item,),
+                    name=f"{self._name}-{len(self._threads)}",
+                    daemon=True,
+                )
+                self._threads.append(thread)
+                new.append(thread)
+        for thread in new:
+            thread.start()
 
     def settled_without_thread(self, execution: Execution) -> None:
         """The watchdog settled ``execution``; free its slot unless that would pile up

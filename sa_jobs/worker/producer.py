@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import (
@@ -26,11 +26,12 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.orm import Session, undefer
+from sqlalchemy.orm import undefer
 from sqlalchemy.sql.dml import ReturningUpdate
 from sqlalchemy.sql.expression import ColumnElement
 
 from sa_jobs.error_records import describe
+from sa_jobs.job_loading import detached_job_builder
 from sa_jobs.models import CORE_COLUMNS, Job
 from sa_jobs.queues import queue_not_paused
 from sa_jobs.schema import NO_FEATURES, Features
@@ -134,8 +135,10 @@ def as_jobs(statement: ReturningUpdate[Any], features: Features) -> Any:
 
 
 @functools.cache
-def _fetch_as_jobs(features: Features) -> Any:
-    return as_jobs(jobs_fetch_available(features), features)
+def _job_builder(features: Features) -> Callable[[Sequence[Any]], Job[Any]]:
+    # The fetch's returned columns, sequence_key among them with the sequence branch:
+    # the completer tells an unsequenced job by its loaded sequence_key being None.
+    return detached_job_builder(fetched_columns(features))
 
 
 def fetch_jobs(
@@ -152,12 +155,18 @@ def fetch_jobs(
     every row has been loaded: if anything about a row cannot be read, nothing is marked
     running, rather than a batch being marked and never handed over. ``features``: the
     database's (:meth:`~sa_jobs.schema.Features.of`) unless given.
+
+    The rows are read with Core and built into detached ``Job`` objects directly
+    (:mod:`sa_jobs.job_loading`): the same objects a Session would leave behind, for a
+    fraction of the CPU.
     """
     params = {"fetch_queue": queue, "fetch_limit": limit, "fetch_worker_id": worker_id}
-    with Session(engine, expire_on_commit=False) as session, session.begin():
+    with engine.begin() as connection:
         if features is None:
-            features = Features.of(session.connection())
-        jobs = list(session.scalars(_fetch_as_jobs(features), params))
+            features = Features.of(connection)
+        build = _job_builder(features)
+        rows = connection.execute(jobs_fetch_available(features), params).all()
+        jobs = [build(row) for row in rows]
     return in_start_order(jobs)
 
 
@@ -176,7 +185,7 @@ class Producer(Service):
         concurrency: int,
         *,
         fetch: Callable[[str, int], list[Job[Any]]],
-        dispatch: Callable[[Job[Any]], None],
+        dispatch: Callable[[list[Job[Any]]], None],
         poll_interval: float,
         stopping: threading.Event,
     ) -> None:
@@ -247,7 +256,7 @@ class Producer(Service):
                 self._free -= len(jobs)
                 if not jobs and self._free == self.concurrency:
                     self._drained = True
-            for job in jobs:
-                self._dispatch(job)
+            if jobs:
+                self._dispatch(jobs)  # the whole batch in one hand-off
             if len(jobs) < free:
                 return

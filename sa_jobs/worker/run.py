@@ -271,23 +271,26 @@ class WorkerRun:
 
     # -- running jobs
 
-    def _dispatch(self, job: Job[Any]) -> None:
-        handler = self.worker.handlers.find(job.kind)
-        execution = Execution(
-            job,
-            handler,
-            self.worker.retry_policy,
-            self._settled,
-            on_begin=self.watchdog.watch,
-            hooks=self.hooks,
-        )
+    def _dispatch(self, jobs: list[Job[Any]]) -> None:
+        """Start a fetched batch: its runs are registered under one lock, and handed to
+        the thread pool and to the event loop in one go each."""
+        find = self.worker.handlers.find
+        policy, settled, watch = self.worker.retry_policy, self._settled, self.watchdog.watch
+        executions = [
+            Execution(job, find(job.kind), policy, settled, on_begin=watch, hooks=self.hooks)
+            for job in jobs
+        ]
         with self._lock:
-            self._executions[job.id] = execution
-        if handler is not None and handler.is_async:
+            for execution in executions:
+                self._executions[execution.job.id] = execution
+        on_loop = [execution for execution in executions if execution.is_async]
+        if on_loop:
             assert self.loop is not None
-            self.loop.submit(run_async(execution, self.loop.async_engine))
-        else:
-            self.pool.submit(run_sync, execution, self.engine)
+            engine = self.loop.async_engine
+            self.loop.submit_many([run_async(execution, engine) for execution in on_loop])
+        if len(on_loop) < len(executions):
+            in_threads = [execution for execution in executions if not execution.is_async]
+            self.pool.submit_many(run_sync, in_threads, self.engine)
 
     def _settled(self, execution: Execution, outcome: Outcome | None, by_runner: bool) -> None:
         job = execution.job

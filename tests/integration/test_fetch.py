@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 from sqlalchemy import URL, Engine, create_engine, select, text
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.exc import DetachedInstanceError
 
 import sa_jobs
 import sa_jobs.worker.run as worker_module
@@ -101,6 +103,40 @@ def test_fetch_marks_jobs_running_for_the_worker(engine: Engine) -> None:
     by_id = {job.id: job for job in jobs}
     assert by_id[retried].attempt == 3
     assert by_id[retried].attempted_by == ["w1", "w2", "w3"]
+
+
+def test_fetched_jobs_behave_like_the_orm_loaded_jobs_of_a_closed_session(engine: Engine) -> None:
+    # fetch_jobs builds its Job objects from Core rows (sa_jobs.job_loading); a handler
+    # must not be able to tell them from what Session + select(Job) leaves behind.
+    job_id = make_job(
+        engine, kind="test_fetch_work", queue="detached", args={"n": 7}, metadata={"a": 1}
+    )
+    (job,) = fetch_jobs(engine, "detached", 1, "w")
+    with Session(engine) as session:
+        loaded = session.get(Job, job_id)
+        assert loaded is not None
+        session.expunge(loaded)
+    for column in sa_inspect(Job).column_attrs:
+        if column.key in loaded.__dict__:
+            assert getattr(job, column.key) == getattr(loaded, column.key), column.key
+    state = sa_inspect(job)
+    assert state.detached and state.key == sa_inspect(loaded).key
+    assert not state.modified
+    # What the ORM leaves unloaded stays unloaded, except sequence_key, which the fetch
+    # returns on purpose (the completer skips sequence work for unsequenced jobs).
+    assert state.unloaded == sa_inspect(loaded).unloaded - {"sequence_key"}
+    assert job.sequence_key is None
+    assert job.args == Work(n=7)
+    with pytest.raises(DetachedInstanceError):
+        _ = job.job_key  # a deferred column: not loaded, as with the ORM
+    # A handler's session can take it in, change it and flush only what changed.
+    with Session(engine) as session, session.begin():
+        attached = session.merge(job)
+        attached.priority = 3
+    assert job_row(engine, job_id).priority == 3
+    with Session(engine) as session, session.begin():
+        session.add(job)
+        assert job.job_key is None  # attached: the deferred column loads now
 
 
 def test_fetch_takes_only_due_available_jobs_of_its_queue(engine: Engine) -> None:

@@ -121,6 +121,24 @@ def test_a_stream_of_outcomes_takes_fewer_writes_than_outcomes_in_order(
     assert threading.get_ident() not in writer.threads  # written on the completer's thread
 
 
+def test_an_idle_completer_writes_at_once_and_a_busy_one_gathers_a_batch(
+    cleanup: list[tuple[FakeWriter, BatchCompleter]],
+) -> None:
+    writer = FakeWriter()
+    completer = started(cleanup, writer, interval=1.0)
+
+    submitted = time.monotonic()
+    completer.submit(completed(1))
+    assert eventually(lambda: writer.written == [1])
+    assert time.monotonic() - submitted < 0.5  # not held back for the interval
+    # Right after a write it is busy: what comes now waits for the interval, together.
+    for job_id in range(2, 12):
+        completer.submit(completed(job_id))
+    assert eventually(lambda: completer.pending() == 0, timeout=3)
+    assert [len(batch) for batch in writer.writes] == [1, 10]
+    assert time.monotonic() - submitted >= 1.0
+
+
 def test_a_batch_holds_at_most_max_batch_outcomes() -> None:
     writer = FakeWriter()
     completer = batch_completer(writer, max_batch=3)

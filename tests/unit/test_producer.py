@@ -67,9 +67,9 @@ class FakeQueue:
             jobs, self.due = self.due[:limit], self.due[limit:]
             return jobs
 
-    def dispatch(self, job: Job) -> None:
+    def dispatch(self, jobs: list[Job]) -> None:
         with self._lock:
-            self.dispatched.append(job.id)
+            self.dispatched.extend(job.id for job in jobs)
 
 
 def a_producer(
@@ -77,7 +77,7 @@ def a_producer(
     concurrency: int,
     *,
     poll_interval: float = 0.01,
-    dispatch: Callable[[Job], None] | None = None,
+    dispatch: Callable[[list[Job]], None] | None = None,
     stopping: threading.Event | None = None,
 ) -> Producer:
     return Producer(
@@ -166,11 +166,12 @@ def test_under_load_running_jobs_never_exceed_the_slots(
         assert producer is not None
         producer.release()
 
-    def dispatch(job: Job) -> None:
-        with lock:
-            now_running[0] += 1
-            most_running[0] = max(most_running[0], now_running[0])
-        threading.Thread(target=run_then_release, args=(job,), daemon=True).start()
+    def dispatch(jobs: list[Job]) -> None:
+        for job in jobs:
+            with lock:
+                now_running[0] += 1
+                most_running[0] = max(most_running[0], now_running[0])
+            threading.Thread(target=run_then_release, args=(job,), daemon=True).start()
 
     producer = Producer(
         QUEUE, 4, fetch=fetch, dispatch=dispatch, poll_interval=0.01, stopping=threading.Event()

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from sqlalchemy.dialects.postgresql import psycopg
 
-from sa_jobs.complete import finish_statement
+from sa_jobs.complete import completed_statement, finish_statement
 from sa_jobs.insert_statement import _ROW_COLUMNS, ROWS_PARAM, InsertShape, insert_statement
 from sa_jobs.limits import ConcurrencyLimit, RateLimit
 from sa_jobs.options import JobKeyMode
@@ -109,6 +109,8 @@ STATEMENTS: dict[str, Callable[[], Any]] = {
     "finish_sequence": lambda: finish_statement(sequence=True),
     "finish_job_key": lambda: finish_statement(job_key=True),
     "finish_sequence_job_key": lambda: finish_statement(sequence=True, job_key=True),
+    "finish_completed": lambda: completed_statement(),
+    "finish_completed_sequence_job_key": lambda: completed_statement(sequence=True, job_key=True),
     # sa_jobs.worker.producer
     "fetch_available_core": lambda: jobs_fetch_available(NO_FEATURES),
     "fetch_available_all_features": lambda: jobs_fetch_available(ALL_FEATURES),
