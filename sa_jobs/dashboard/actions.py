@@ -1,0 +1,151 @@
+"""The dashboard's actions (POST): each one checks the form, then calls the session
+function the Python API offers for it, in a transaction of its own.
+
+No action runs on a GET, and none runs without the CSRF token of the dashboard's own
+form (:mod:`sa_jobs.dashboard.security`). With ``read_only=True`` every action answers
+403 before reading its form. Destructive actions (delete, and every bulk action) first
+answer with a page that says what they will do and asks to confirm; the confirmation is
+another POST of the same form with ``confirm=yes``.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+from sqlalchemy.orm import Session
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from sa_jobs.control import cancel_job, retry_job
+from sa_jobs.dashboard.context import Dashboard
+from sa_jobs.dashboard.security import CSRF_FIELD, csrf_problem
+from sa_jobs.errors import JobNotFoundError, SaJobsError
+
+__all__ = ["cancel", "resume_sequence", "retry"]
+
+#: A form is a few ids and names; anything bigger is not the dashboard's.
+MAX_FORM_BYTES = 256 * 1024
+FORM_TYPE = "application/x-www-form-urlencoded"
+
+
+@attrs.frozen
+class Form:
+    """A POSTed form: every value of each field, in order."""
+
+    fields: dict[str, list[str]]
+
+    def get(self, name: str) -> str:
+        values = self.fields.get(name)
+        return values[0] if values else ""
+
+    def all(self, name: str) -> list[str]:
+        return self.fields.get(name, [])
+
+    @property
+    def confirmed(self) -> bool:
+        return self.get("confirm") == "yes"
+
+
+class Refused(Exception):
+    """The request cannot be an action: its status and why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+async def read_form(request: Request, dashboard: Dashboard) -> Form:
+    """The action's form, once the request has shown it may act.
+
+    Raises:
+        Refused: read-only dashboard (403), not a form (415), too big (413), or no valid
+            CSRF token (403).
+    """
+    if dashboard.read_only:
+        raise Refused(403, "This dashboard is read-only: it takes no actions.")
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise Refused(413, "The form is too large.")
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if body and content_type != FORM_TYPE:
+        raise Refused(415, f"An action is a form post ({FORM_TYPE}).")
+    fields = urllib.parse.parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+    form = Form(fields)
+    problem = csrf_problem(request, form.get(CSRF_FIELD))
+    if problem is not None:
+        raise Refused(403, f"Refused: {problem}.")
+    return form
+
+
+def action(
+    run: Callable[[Request, Dashboard, Form], Any],
+) -> Callable[[Request], Any]:
+    """An endpoint: read and check the form, run the action, turn sa_jobs' errors into
+    pages (404 for a job that is gone, 409 for an action the job's state refuses)."""
+
+    async def endpoint(request: Request) -> Response:
+        dashboard = Dashboard.of(request)
+        try:
+            form = await read_form(request, dashboard)
+            response: Response = await run(request, dashboard, form)
+            return response
+        except Refused as refused:
+            return dashboard.error_page(request, refused.status, refused.message)
+        except JobNotFoundError as exc:
+            return dashboard.error_page(request, 404, str(exc))
+        except SaJobsError as exc:
+            return dashboard.error_page(request, 409, str(exc))
+
+    endpoint.__name__ = run.__name__
+    return endpoint
+
+
+def redirect(request: Request, dashboard: Dashboard, path: str, notice: str) -> Response:
+    """See Other, to the page that shows the action's result (POST, redirect, GET)."""
+    target = dashboard.renderer.prefix(request) + path + "?notice=" + notice
+    return RedirectResponse(target, status_code=303)
+
+
+# ---------------------------------------------------------------------- one job
+
+
+async def _retry(request: Request, dashboard: Dashboard, form: Form) -> Response:
+    job_id: int = request.path_params["job_id"]
+
+    def work(session: Session) -> None:
+        retry_job(session, job_id)
+
+    await dashboard.database.write(work)
+    return redirect(request, dashboard, f"/jobs/{job_id}", "retried")
+
+
+async def _cancel(request: Request, dashboard: Dashboard, form: Form) -> Response:
+    job_id: int = request.path_params["job_id"]
+
+    def work(session: Session) -> None:
+        cancel_job(session, job_id)
+
+    await dashboard.database.write(work)
+    return redirect(request, dashboard, f"/jobs/{job_id}", "cancelled")
+
+
+async def _resume_sequence(request: Request, dashboard: Dashboard, form: Form) -> Response:
+    """A halted sequence resumes when its halted job is retried (docs/sequences.md)."""
+    job_id: int = request.path_params["job_id"]
+
+    def work(session: Session) -> None:
+        retry_job(session, job_id)
+
+    await dashboard.database.write(work)
+    return redirect(request, dashboard, "/sequences", "resumed")
+
+
+retry = action(_retry)
+cancel = action(_cancel)
+resume_sequence = action(_resume_sequence)
