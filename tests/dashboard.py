@@ -66,3 +66,26 @@ def serving(app: Any) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+#: Debian's package; Playwright drives it instead of a browser build of its own.
+CHROMIUM_PATHS = ("/usr/bin/chromium", "/usr/bin/chromium-browser")
+REQUIRE_VARIABLE = "SA_JOBS_REQUIRE_CHROMIUM"
+
+
+def chromium() -> str:
+    """The chromium binary; skips the test without it — fails when
+    ``SA_JOBS_REQUIRE_CHROMIUM=1`` (set by ``.ci/run``, which installs it): CI must run
+    the browser tests."""
+    import os
+    import shutil
+
+    import pytest
+
+    for path in (*CHROMIUM_PATHS, shutil.which("chromium") or ""):
+        if path and os.access(path, os.X_OK):
+            return path
+    message = "chromium is not installed (apt-get install chromium)"
+    if os.environ.get(REQUIRE_VARIABLE, "") not in ("", "0"):
+        pytest.fail(f"{message}, and ${REQUIRE_VARIABLE} requires it")
+    pytest.skip(message)
