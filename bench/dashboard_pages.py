@@ -55,12 +55,12 @@ def main(rows: int) -> None:
 
 def measure(engine: object, rows: int) -> None:
     cases = [
-        ("no filter", queries.JobFilter(), None),
-        ("no filter, a page half-way down", queries.JobFilter(), rows // 2),
-        ("state=discarded (1 in 500)", queries.JobFilter(state=sa_jobs.JobState.DISCARDED), None),
-        ("kind=rare_kind (1 in 1000)", queries.JobFilter(kind="rare_kind"), None),
-        ("text in args matching one old row", queries.JobFilter(text="user1234@"), None),
-        ("kind that does not exist", queries.JobFilter(kind="missing"), None),
+        ("no filter", queries.ListFilter(), None),
+        ("no filter, a page half-way down", queries.ListFilter(), rows // 2),
+        ("state=discarded (1 in 500)", queries.ListFilter(state=sa_jobs.JobState.DISCARDED), None),
+        ("kind=rare_kind (1 in 1000)", queries.ListFilter(kind="rare_kind"), None),
+        ("text in args matching one old row", queries.ListFilter(text="user1234@"), None),
+        ("kind that does not exist", queries.ListFilter(kind="missing"), None),
     ]
     with Session(engine) as session:  # type: ignore[call-overload]
         for name, jobs_filter, before in cases:
@@ -78,7 +78,7 @@ def measure(engine: object, rows: int) -> None:
 
     event.listen(engine, "before_cursor_execute", grab)
     with Session(engine) as session:  # type: ignore[call-overload]
-        queries.list_jobs(session, queries.JobFilter(kind="rare_kind"), None)
+        queries.list_jobs(session, queries.ListFilter(kind="rare_kind"), None)
     event.remove(engine, "before_cursor_execute", grab)
     with engine.connect() as connection:  # type: ignore[attr-defined]
         for statement, parameters in sent[-2:]:

@@ -29,7 +29,7 @@ async def overview(request: Request) -> Response:
 async def jobs(request: Request) -> Response:
     dashboard = Dashboard.of(request)
     try:
-        jobs_filter = queries.JobFilter.from_params(request.query_params)
+        jobs_filter = queries.ListFilter.from_params(request.query_params)
         before = _optional_id(request.query_params.get("before", ""))
     except ValueError as exc:
         return dashboard.error_page(request, 400, str(exc))

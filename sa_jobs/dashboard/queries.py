@@ -43,9 +43,9 @@ __all__ = [
     "SCAN_WINDOW",
     "HaltedSequence",
     "JobDetail",
-    "JobFilter",
     "JobListRow",
     "JobPage",
+    "ListFilter",
     "Minute",
     "WorkerInfo",
     "WorkersView",
@@ -71,7 +71,7 @@ class FilterError(ValueError):
 
 
 @attrs.frozen
-class JobFilter:
+class ListFilter:
     """The jobs list's filters; empty strings mean "any"."""
 
     state: JobState | None = None
@@ -81,7 +81,7 @@ class JobFilter:
     text: str = ""
 
     @classmethod
-    def from_params(cls, params: Mapping[str, str]) -> JobFilter:
+    def from_params(cls, params: Mapping[str, str]) -> ListFilter:
         """The filter in a query string.
 
         Raises:
@@ -185,7 +185,7 @@ def _window(before: int | None, size: int) -> Select[Any]:
 
 def list_jobs(
     session: Session,
-    jobs_filter: JobFilter,
+    jobs_filter: ListFilter,
     before: int | None = None,
     *,
     page_size: int = PAGE_SIZE,
