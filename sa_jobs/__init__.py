@@ -15,10 +15,12 @@ from sa_jobs.control import cancel_job, retry_job
 from sa_jobs.convert import ArgsConverter
 from sa_jobs.enqueue import enqueue
 from sa_jobs.errors import SaJobsError
+from sa_jobs.health import Health, HealthThresholds, check_health
 from sa_jobs.insert import InsertManyParams, InsertResult, insert, insert_job, insert_many
 from sa_jobs.job_key import RemoveOutcome, remove_job
 from sa_jobs.models import Job, metadata
 from sa_jobs.options import InsertOptions, InsertOpts, JobKeyMode, SequenceOpts, UniqueOpts
+from sa_jobs.queue_stats import Stats, stats
 from sa_jobs.schema import downgrade, migrate
 from sa_jobs.states import InsertAction, JobState
 from sa_jobs.worker import ExponentialRetry, MaintenanceConfig, Retention, RetryPolicy, Worker
@@ -31,6 +33,8 @@ except _metadata.PackageNotFoundError:  # imported from a checkout that was neve
 __all__ = [
     "ArgsConverter",
     "ExponentialRetry",
+    "Health",
+    "HealthThresholds",
     "InsertAction",
     "InsertManyParams",
     "InsertOptions",
@@ -46,9 +50,11 @@ __all__ = [
     "RetryPolicy",
     "SaJobsError",
     "SequenceOpts",
+    "Stats",
     "UniqueOpts",
     "Worker",
     "cancel_job",
+    "check_health",
     "complete_in",
     "downgrade",
     "enqueue",
@@ -62,4 +68,5 @@ __all__ = [
     "migrate",
     "remove_job",
     "retry_job",
+    "stats",
 ]

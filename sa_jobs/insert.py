@@ -37,6 +37,7 @@ from sa_jobs.insert_statement import (
     in_input_order,
     insert_statement,
     rows_param,
+    sent_values,
     shape_of,
 )
 from sa_jobs.job_key import insert_keyed
@@ -280,6 +281,8 @@ def _write_plain(
         returned = run(insert_statement(shape), rows_param(sent), False)
         if shape.unique:
             returned = in_input_order(sent, returned)
+        else:
+            returned = [_with_sent(entry, row) for entry, row in zip(returned, sent, strict=True)]
         answered: set[int] = set()
         for answer in answers:
             row = returned[answer]
@@ -289,6 +292,20 @@ def _write_plain(
             action = InsertAction.SKIPPED_DUPLICATE if duplicate else InsertAction.INSERTED
             results.append(Written(row, action))
     return results
+
+
+def _with_sent(entry: Returned, row: JobRow) -> Returned:
+    """Complete a row of a plain insert with the columns it did not return."""
+    values = sent_values(row)
+    if isinstance(entry.job, Job):
+        for name, value in values.items():
+            set_committed_value(entry.job, _ATTRIBUTE_OF[name], value)
+        return entry
+    return attrs.evolve(entry, job={**entry.job, **values})
+
+
+#: Job attribute names by column name (``metadata`` is ``metadata_`` on the class).
+_ATTRIBUTE_OF = {attr.columns[0].name: attr.key for attr in Job.__mapper__.column_attrs}
 
 
 def _lock_sequences_of(connection: Connection, rows: Sequence[JobRow]) -> None:

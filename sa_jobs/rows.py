@@ -56,9 +56,15 @@ def row_for(kind: JobKind, args_json: Any, opts: InsertOpts) -> JobRow:
 def build_rows(items: Iterable[tuple[object, InsertOpts]]) -> list[JobRow]:
     """Validate and convert every item before any SQL is sent."""
     rows = []
+    # insert_many passes one InsertOpts for most items: resolve it once per kind, not per
+    # row. The entries keep their opts and kind alive, so an id is never reused for another.
+    resolved: dict[tuple[int, int], tuple[InsertOpts, JobKind, ResolvedInsert]] = {}
     for args, opts in items:
         kind, args_json = encode_args(args)
-        rows.append(row_for(kind, args_json, opts))
+        entry = resolved.get((id(opts), id(kind)))
+        if entry is None:
+            entry = resolved[id(opts), id(kind)] = (opts, kind, opts.resolve(kind.defaults))
+        rows.append(_row(kind, kind.name, args_json, entry[2]))
     return rows
 
 
@@ -94,7 +100,8 @@ def _row(kind: JobKind | None, kind_name: str, args_json: Any, resolved: Resolve
         "priority": resolved.priority,
         "max_attempts": resolved.max_attempts,
         "tags": list(resolved.tags),
-        "metadata": resolved.metadata,
+        # A copy per row: one resolved value may serve many rows (build_rows).
+        "metadata": dict(resolved.metadata),
         "scheduled_at": _iso(resolved.scheduled_at),
     }
     if kind is not None:

@@ -47,7 +47,7 @@ from sqlalchemy import (
 )
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.sql.expression import ColumnElement
+from sqlalchemy.sql.expression import ColumnElement, FromClause
 
 from sa_jobs.args import JobKind
 from sa_jobs.keys import canonical_args, canonical_bytes, key_digest
@@ -58,6 +58,7 @@ from sa_jobs.states import FINAL_STATES, JobState
 
 __all__ = [
     "advance_sequences",
+    "halts_sequence",
     "ids_param",
     "lock_keys",
     "lock_keys_in",
@@ -206,6 +207,16 @@ def passes_slot_on() -> ColumnElement[bool]:
         Job.state == JobState.COMPLETED,
         and_(Job.state == JobState.CANCELLED, Job.sequence_continue_on_cancelled),
         and_(Job.state == JobState.DISCARDED, Job.sequence_continue_on_discarded),
+    )
+
+
+def halts_sequence(jobs: FromClause) -> ColumnElement[bool]:
+    """True for rows of ``jobs`` that halt their sequence: a slot holder that finished
+    (only a halting cancel or discard keeps the slot). Read through the slot index."""
+    return and_(
+        jobs.c.sequence_key.is_not(None),
+        jobs.c.sequence_slot,
+        jobs.c.state.in_([state.value for state in FINAL_STATES]),
     )
 
 

@@ -14,15 +14,25 @@ from starlette.responses import Response
 from sa_jobs.dashboard import queries
 from sa_jobs.dashboard.charts import hour_chart
 from sa_jobs.dashboard.context import Dashboard
+from sa_jobs.queue_stats import Stats, stats
 
 __all__ = ["job", "jobs", "overview", "sequences", "workers"]
 
 
 async def overview(request: Request) -> Response:
     dashboard = Dashboard.of(request)
-    hour = await dashboard.database.read(queries.throughput)
+
+    def read(session: Any) -> tuple[Stats, queries.Throughput]:
+        # sa_jobs.stats: the same figures as `sa-jobs stats` (estimates past its limit).
+        return stats(session), queries.throughput(session)
+
+    figures, hour = await dashboard.database.read(read)
     return dashboard.renderer.page(
-        request, "overview.html", chart=hour_chart(hour.minutes), capped=hour.capped
+        request,
+        "overview.html",
+        stats=figures,
+        chart=hour_chart(hour.minutes),
+        capped=hour.capped,
     )
 
 

@@ -47,6 +47,7 @@ __all__ = [
     "JobPage",
     "ListFilter",
     "Minute",
+    "Throughput",
     "WorkerInfo",
     "WorkersView",
     "halted_sequences",

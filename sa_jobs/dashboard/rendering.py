@@ -83,6 +83,14 @@ def _timestamp(value: dt.datetime | None) -> str:
     return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _duration(value: dt.timedelta | None) -> str:
+    return "-" if value is None else format_seconds(value.total_seconds())
+
+
+def _count(value: int | float) -> str:
+    return f"{round(value):,}"
+
+
 def _pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
 
@@ -117,6 +125,8 @@ class Renderer:
             pretty_json=_pretty_json,
             hex=_hex,
             seconds=format_seconds,
+            duration=_duration,
+            count=_count,
         )
         self.environment.globals.update(
             states=STATE_ORDER, csrf_field=CSRF_FIELD, refresh_choices=REFRESH_CHOICES

@@ -5,6 +5,7 @@ mounted in FastAPI or behind a proxy prefix, on a sync or an async engine."""
 from __future__ import annotations
 
 import base64
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,7 +19,7 @@ from sa_jobs import JobState
 from sa_jobs.dashboard import basic_auth, create_app
 from sa_jobs.errors import InvalidOptionsError
 from tests.dashboard import DashboardClient, forms_posting
-from tests.factories import job_row, make_job
+from tests.factories import job_row, make_job, seconds
 
 SCRIPT = "<script>alert('owned')</script>"
 ERROR = {
@@ -59,6 +60,20 @@ def test_every_page_renders_from_the_database(client: DashboardClient, engine: E
     assert "Traceback (most recent call last):" in page
     assert "dashboard_http" in client.get("/jobs").text
     assert client.get("/static/dashboard.css").status_code == 200
+
+
+def test_the_overview_shows_stats_per_queue_and_the_health_figures(
+    client: DashboardClient, engine: Engine
+) -> None:
+    make_job(engine, queue="dashboard_mail", state=JobState.AVAILABLE, scheduled_at=-seconds(90))
+    make_job(engine, queue="dashboard_mail", state=JobState.RETRYABLE)
+    discarded_job(engine, queue="dashboard_mail")
+    page = client.get("/").text
+    assert 'href="/jobs?queue=dashboard_mail&amp;state=available">1</a>' in page
+    assert 'href="/jobs?queue=dashboard_mail&amp;state=discarded">1</a>' in page
+    assert "1.5 min" in page or "2 min" in page  # the oldest available job's wait
+    assert re.search(r'id="health-level">(ok|warning|critical)<', page)
+    assert "dead rows in sa_job" in page and "xmin horizon" in page
 
 
 def test_a_job_that_does_not_exist_is_a_404(client: DashboardClient) -> None:

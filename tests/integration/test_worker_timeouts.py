@@ -320,6 +320,7 @@ def test_the_late_return_of_a_timed_out_run_does_not_touch_its_completed_rerun(
 ) -> None:
     job_id = add_job(engine, Plain(), max_attempts=5)
     woke_up = threading.Event()
+    release = threading.Event()
     attempts: list[int] = []
     worker = make_worker(engine, retry_policy=NO_DELAY, interrupt_grace=0.2)
 
@@ -327,13 +328,16 @@ def test_the_late_return_of_a_timed_out_run_does_not_touch_its_completed_rerun(
     def handle(job: Job) -> None:
         attempts.append(job.attempt)
         if job.attempt == 1:
-            time.sleep(1.0)  # settled by the watchdog at 0.4 s, rerun at once
+            # Settled by the watchdog at 0.4 s and rerun at once; it returns only once
+            # the rerun has completed (an event, not a sleep: no race on a loaded machine).
+            release.wait(10)
             woke_up.set()
 
     with running(worker):
-        wait_for_state(engine, job_id, JobState.COMPLETED, timeout=3)
+        wait_for_state(engine, job_id, JobState.COMPLETED, timeout=5)
         assert not woke_up.is_set()
-        wait_event(woke_up, "attempt 1 to return", timeout=3)
+        release.set()
+        wait_event(woke_up, "attempt 1 to return", timeout=5)
         # Its late result is dealt with; stopping the worker writes whatever it submitted.
         wait_stuck_handlers_returned(worker)
 

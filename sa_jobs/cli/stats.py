@@ -1,0 +1,256 @@
+"""``sa-jobs stats`` and ``sa-jobs health``: the numbers, and a verdict for probes.
+
+``stats`` prints :func:`sa_jobs.stats` as tables (``--json`` for the whole result).
+``health`` prints :func:`sa_jobs.check_health` and exits by its level: 0 ok, 3 warning,
+4 critical (``--fail-on critical`` makes a warning exit 0); 1 and 2 keep their meaning for
+every command (the check could not run; a bad option).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from sa_jobs.cli import settings
+from sa_jobs.cli.common import UsageError, engine_from, format_table
+from sa_jobs.errors import InvalidOptionsError
+from sa_jobs.health import Health, HealthLevel, HealthThresholds, check_health
+from sa_jobs.queue_stats import EXACT_LIMIT, Stats, as_dict, stats
+from sa_jobs.schema import translate_missing_schema
+from sa_jobs.states import JobState
+
+__all__ = ["EXIT_CODES", "add_commands", "parse_duration"]
+
+#: ``sa-jobs health``'s exit code for each level.
+EXIT_CODES = {HealthLevel.OK: 0, HealthLevel.WARNING: 3, HealthLevel.CRITICAL: 4}
+
+SETTINGS = (settings.URL, settings.LOG_LEVEL)
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
+
+
+def parse_duration(text: str) -> dt.timedelta:
+    """``90``, ``90s``, ``5m``, ``1.5h``: a positive duration."""
+    found = _DURATION.match(text.lower())
+    if not found or float(found.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration; use seconds or a number with s, m or h (e.g. 5m)"
+        )
+    return dt.timedelta(seconds=float(found.group(1)) * _UNITS[found.group(2)])
+
+
+def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Add ``stats`` and ``health`` to the top-level subparsers ``commands``."""
+    defaults = HealthThresholds()
+    limits = argparse.ArgumentParser(add_help=False)
+    group = limits.add_argument_group("health thresholds")
+    for name, read, what in (
+        ("xmin_age", parse_duration, "a transaction has held the xmin horizon this long"),
+        ("xmin_xids", settings.positive_int, "the horizon is this many transaction ids old"),
+        ("dead_tuples", settings.positive_int, "sa_job has this many dead row versions"),
+    ):
+        for level in ("warning", "critical"):
+            default = getattr(defaults, f"{name}_{level}")
+            shown = f"{default.total_seconds():.0f}s" if name == "xmin_age" else f"{default:,}"
+            group.add_argument(
+                f"--{name.replace('_', '-')}-{level}",
+                dest=f"{name}_{level}",
+                type=read,
+                metavar="N" if read is settings.positive_int else "DURATION",
+                help=f"{level} when {what} (default {shown})",
+            )
+    output = argparse.ArgumentParser(add_help=False)
+    output.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    numbers = commands.add_parser(
+        "stats",
+        parents=[common, output, limits],
+        help="jobs per queue and state, oldest available, workers, halted sequences, health",
+    )
+    numbers.add_argument(
+        "--exact-limit",
+        type=settings.positive_int,
+        default=EXACT_LIMIT,
+        metavar="N",
+        help="count finished jobs of a state exactly up to N, estimate past it "
+        f"(default {EXACT_LIMIT:,})",
+    )
+    numbers.set_defaults(run=_stats, settings=SETTINGS)
+
+    probe = commands.add_parser(
+        "health",
+        parents=[common, output, limits],
+        help="the xmin horizon and dead job rows; exits 0 ok, 3 warning, 4 critical",
+    )
+    probe.add_argument(
+        "--fail-on",
+        choices=("warning", "critical"),
+        default="warning",
+        help="the lowest level that exits non-zero (default warning)",
+    )
+    probe.set_defaults(run=_health, settings=SETTINGS)
+
+
+def _thresholds(options: argparse.Namespace) -> HealthThresholds:
+    given = {
+        name: value
+        for name in (
+            "xmin_age_warning",
+            "xmin_age_critical",
+            "xmin_xids_warning",
+            "xmin_xids_critical",
+            "dead_tuples_warning",
+            "dead_tuples_critical",
+        )
+        if (value := getattr(options, name, None)) is not None
+    }
+    try:
+        return HealthThresholds(**given)
+    except InvalidOptionsError as exc:
+        option, _, message = str(exc).partition(": ")
+        raise UsageError(f"--{option.replace('_', '-')}: {message}") from None
+
+
+@contextmanager
+def _session(options: argparse.Namespace) -> Iterator[Session]:
+    engine = engine_from(options)
+    try:
+        with Session(engine) as session, translate_missing_schema():
+            yield session
+    finally:
+        engine.dispose()
+
+
+# ---------------------------------------------------------------------- stats
+
+
+def _stats(options: argparse.Namespace) -> int:
+    thresholds = _thresholds(options)
+    with _session(options) as session:
+        found = stats(session, exact_limit=options.exact_limit, thresholds=thresholds)
+    if options.json:
+        print(json.dumps(as_dict(found), indent=2))
+        return 0
+    print(format_stats(found))
+    return 0
+
+
+def format_stats(found: Stats) -> str:
+    """The human form of :func:`sa_jobs.stats`: queues, workers, sequences, health."""
+    states = list(JobState)
+    header = ("queue", *(state.value for state in states), "oldest available")
+    rows = [
+        (
+            queue.name,
+            *(_count(queue.counts[s], s in queue.estimated) for s in states),
+            _age(queue.oldest_available_age),
+        )
+        for queue in found.queues.values()
+    ]
+    rows.append(("total", *(_count(found.totals[s], s in found.estimated) for s in states), ""))
+    lines = [format_table(header, rows)]
+    if found.estimated:
+        lines.append(
+            f"(~ estimated: more than {found.exact_limit:,} jobs in that state; see --exact-limit)"
+        )
+    lines.append("")
+    if found.workers:
+        lines.append(
+            format_table(
+                ("worker", "host", "pid", "queues", "running", "last heartbeat"),
+                [
+                    (
+                        w.id,
+                        w.hostname or "-",
+                        str(w.pid) if w.pid is not None else "-",
+                        ",".join(w.queues) or "-",
+                        str(w.running),
+                        f"{_age(w.heartbeat_age)} ago" if w.heartbeat_age is not None else "none",
+                    )
+                    for w in found.workers
+                ],
+            )
+        )
+    else:
+        lines.append("no workers")
+    lines.append(f"maintenance leader: {found.leader or 'none'}")
+    halted = found.halted_sequences
+    if halted is not None:
+        lines.append(f"halted sequences: {halted.count}")
+        lines.extend(
+            f"  job {h.job_id} ({h.kind}, queue {h.queue}) {h.state.value}, "
+            f"{h.waiting} waiting behind it"
+            for h in halted.listed
+        )
+    lines.append("")
+    lines.append(format_health(found.health))
+    return "\n".join(lines)
+
+
+def _count(value: int, estimated: bool) -> str:
+    return f"~{value:,}" if estimated else f"{value:,}"
+
+
+def _age(value: dt.timedelta | None) -> str:
+    if value is None:
+        return "-"
+    seconds = int(value.total_seconds())
+    if seconds < 60:
+        return f"{value.total_seconds():.1f}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
+
+
+# ---------------------------------------------------------------------- health
+
+
+def _health(options: argparse.Namespace) -> int:
+    thresholds = _thresholds(options)
+    with _session(options) as session:
+        found = check_health(session, thresholds)
+    if options.json:
+        print(json.dumps(as_dict(found), indent=2))
+    else:
+        print(format_health(found))
+    fail_on = HealthLevel(options.fail_on)
+    return EXIT_CODES[found.level] if found.level.rank >= fail_on.rank else 0
+
+
+def format_health(found: Health) -> str:
+    """The verdict, each finding, and the figures behind them."""
+    lines = [f"health: {found.level.value.upper()}"]
+    lines.extend(f"{f.level.value}: {f.message}" for f in found.findings)
+    oldest = found.holders[0] if found.holders else None
+    horizon = f"xmin horizon: {found.xmin_xid_age:,} transactions"
+    if found.xmin_age is not None:
+        horizon += f", {_age(found.xmin_age)}"
+    if oldest is not None:
+        horizon += f" (oldest holder: {oldest.kind.value} {oldest.name})"
+    lines.append(horizon)
+    if found.dead_tuples is not None:
+        dead = found.dead_tuples
+        lines.append(
+            f"sa_job: {dead.dead:,} dead row versions, {dead.live:,} live; last vacuum "
+            f"{_instant(dead.last_vacuum)}, last autovacuum {_instant(dead.last_autovacuum)}"
+        )
+    if not found.sees_all_sessions:
+        lines.append(
+            "other roles' sessions are not visible to this role (grant it pg_monitor); "
+            f"oldest running transaction: {found.oldest_xid_age:,} transactions old"
+        )
+    return "\n".join(lines)
+
+
+def _instant(value: dt.datetime | None) -> str:
+    return value.astimezone(dt.UTC).isoformat(sep=" ", timespec="seconds") if value else "never"

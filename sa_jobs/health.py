@@ -1,0 +1,308 @@
+"""The health guard: judging the xmin horizon and the dead rows of ``sa_job``.
+
+Why these, of all figures: every job leaves dead row versions behind (``available`` →
+``running`` → finished, then the cleaner's delete). Vacuum removes them only once no
+transaction could still see them — once they are older than the database's *xmin
+horizon*. One transaction left open (an ``idle in transaction`` session, a long report,
+a forgotten prepared transaction, a replication slot or standby that lags) pins the
+horizon, vacuum removes nothing, PostgreSQL cannot even mark the fetch index's entries
+dead, and every fetch walks all of them again: measured on a 10M-row table, a fetch took
+41 to 72 times its normal time after 100,000 jobs went through the queue behind one open
+transaction (``docs/performance.md``, "Dead rows and the xmin horizon"). A slower fetch
+grows the backlog, which makes more dead rows: the "death spiral" of River #59,
+procrastinate #1454 and PlanetScale's write-up. No peer checks for it;
+:func:`check_health` does. The figures are read by :mod:`sa_jobs.horizon` (which also
+says what a role without ``pg_monitor`` can see).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from collections.abc import Sequence
+
+import attrs
+from sqlalchemy import Connection
+from sqlalchemy.orm import Session
+
+from sa_jobs import horizon
+from sa_jobs.errors import InvalidOptionsError
+from sa_jobs.horizon import HOLDERS_LISTED, DeadTuples, HolderKind, HorizonHolder
+from sa_jobs.sessions import either_session
+
+__all__ = [
+    "Finding",
+    "Health",
+    "HealthLevel",
+    "HealthThresholds",
+    "check_health",
+    "evaluate",
+    "read_health",
+]
+
+
+class HealthLevel(enum.StrEnum):
+    """How bad it is; ``sa-jobs health`` exits 0, 3 or 4 for these."""
+
+    OK = "ok"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+    @property
+    def rank(self) -> int:
+        return _RANKS[self]
+
+
+_RANKS = {HealthLevel.OK: 0, HealthLevel.WARNING: 1, HealthLevel.CRITICAL: 2}
+
+
+def _positive_duration(name: str, value: dt.timedelta) -> None:
+    if not isinstance(value, dt.timedelta) or value <= dt.timedelta(0):
+        raise InvalidOptionsError(name, f"must be a positive timedelta, got {value!r}")
+
+
+def _positive_count(name: str, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidOptionsError(name, f"must be a whole number of at least 1, got {value!r}")
+
+
+@attrs.frozen
+class HealthThresholds:
+    """When the health check warns and when it calls it critical; each pair is checked
+    when built (positive, warning no higher than critical).
+
+    The defaults come from the measurements in ``docs/performance.md`` (a fetch 41 to 72 times
+    slower after 100,000 jobs — about 200,000 dead row versions, two transactions per
+    job — behind one open transaction) and the advice in ``docs/operations.md``.
+
+    Attributes:
+        xmin_age_warning: A transaction (or prepared transaction) has held the horizon
+            this long. Default 5 minutes: a queue working 500 jobs a second has made
+            150,000 jobs' dead rows unremovable by then.
+        xmin_age_critical: Default 30 minutes.
+        xmin_xids_warning: The horizon is this many transaction ids behind the current
+            one — the only measure a replication slot has (it has no start time).
+            Default 200,000 (about the 100,000 jobs of the measurement).
+        xmin_xids_critical: Default 1,000,000.
+        dead_tuples_warning: Dead row versions in ``sa_job`` (``n_dead_tup``). The
+            schema has autovacuum start at 1 % of the table's rows, so past this many
+            vacuum is behind or held back. Default 200,000.
+        dead_tuples_critical: Default 1,000,000.
+    """
+
+    xmin_age_warning: dt.timedelta = dt.timedelta(minutes=5)
+    xmin_age_critical: dt.timedelta = dt.timedelta(minutes=30)
+    xmin_xids_warning: int = 200_000
+    xmin_xids_critical: int = 1_000_000
+    dead_tuples_warning: int = 200_000
+    dead_tuples_critical: int = 1_000_000
+
+    def __attrs_post_init__(self) -> None:
+        _positive_duration("xmin_age_warning", self.xmin_age_warning)
+        _positive_duration("xmin_age_critical", self.xmin_age_critical)
+        for name in ("xmin_xids", "dead_tuples"):
+            _positive_count(f"{name}_warning", getattr(self, f"{name}_warning"))
+            _positive_count(f"{name}_critical", getattr(self, f"{name}_critical"))
+        for name in ("xmin_age", "xmin_xids", "dead_tuples"):
+            warning, critical = getattr(self, f"{name}_warning"), getattr(self, f"{name}_critical")
+            if warning > critical:
+                raise InvalidOptionsError(
+                    f"{name}_warning",
+                    f"{warning} is above {name}_critical ({critical}); a warning comes first",
+                )
+
+
+@attrs.frozen
+class Finding:
+    """One threshold crossed: which figure, how bad, and what it means."""
+
+    level: HealthLevel
+    figure: str
+    message: str
+
+
+@attrs.frozen
+class Health:
+    """The health figures and their verdict.
+
+    Attributes:
+        level: The worst of the findings (``ok`` when there are none).
+        findings: Each threshold crossed, with what to do about it.
+        holders: What holds the horizon back, the oldest first (at most 10).
+        oldest_xid_age: Transaction ids since the oldest transaction still running that
+            has written anything, in any database of the server — visible to every role.
+        dead_tuples: ``sa_job``'s dead and live rows and its vacuums; None when the
+            statistics have no entry for it (track_counts off).
+        sees_all_sessions: The role can see every session's transaction
+            (``pg_read_all_stats``, in ``pg_monitor``, or superuser). Without it only the
+            role's own sessions are listed, and ``oldest_xid_age`` stands in for the rest.
+        thresholds: What the figures were judged by.
+        xmin_xid_age: The horizon's age in transaction ids: its oldest holder of job
+            rows (0 when nothing holds it).
+        xmin_age: How long the oldest open transaction (or prepared one) holding the
+            horizon has been open; None when none does.
+    """
+
+    level: HealthLevel
+    findings: tuple[Finding, ...]
+    holders: tuple[HorizonHolder, ...]
+    oldest_xid_age: int
+    dead_tuples: DeadTuples | None
+    sees_all_sessions: bool
+    thresholds: HealthThresholds
+    xmin_xid_age: int
+    xmin_age: dt.timedelta | None
+
+
+# ---------------------------------------------------------------------- reading
+def read_health(connection: Connection, thresholds: HealthThresholds | None = None) -> Health:
+    """Read the health figures on ``connection`` and judge them (see :func:`check_health`)."""
+    thresholds = thresholds or HealthThresholds()
+    holders = horizon.horizon_holders(connection)
+    sees_all = horizon.sees_all_sessions(connection)
+    oldest = horizon.oldest_xid_age(connection)
+    dead = horizon.dead_tuples(connection)
+    level, findings = evaluate(
+        holders, dead, thresholds, oldest_xid_age=None if sees_all else oldest
+    )
+    return Health(
+        level=level,
+        findings=findings,
+        holders=tuple(holders[:HOLDERS_LISTED]),
+        oldest_xid_age=oldest,
+        dead_tuples=dead,
+        sees_all_sessions=sees_all,
+        thresholds=thresholds,
+        xmin_xid_age=max((h.xid_age for h in holders if h.holds_job_rows), default=0),
+        xmin_age=max(
+            (h.age for h in holders if h.holds_job_rows and h.age is not None), default=None
+        ),
+    )
+
+
+@either_session
+def check_health(session: Session, thresholds: HealthThresholds | None = None) -> Health:
+    """The health of the queue's database: what holds the xmin horizon back, and how
+    many dead rows ``sa_job`` carries, judged by ``thresholds`` (defaults:
+    :class:`HealthThresholds`). Reads only; a few catalog queries, fast on any table.
+
+    Works for any role; see the module for what needs ``pg_monitor``.
+    """
+    return read_health(session.connection(), thresholds)
+
+
+# ---------------------------------------------------------------------- judging
+
+
+def _level(value: float, warning: float, critical: float) -> HealthLevel:
+    if value >= critical:
+        return HealthLevel.CRITICAL
+    if value >= warning:
+        return HealthLevel.WARNING
+    return HealthLevel.OK
+
+
+def _minutes(value: dt.timedelta) -> str:
+    seconds = value.total_seconds()
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
+
+
+_WHY = "vacuum can remove no dead job row younger than it, and every fetch walks them again"
+
+
+def evaluate(
+    holders: Sequence[HorizonHolder],
+    dead: DeadTuples | None,
+    thresholds: HealthThresholds,
+    *,
+    oldest_xid_age: int | None = None,
+) -> tuple[HealthLevel, tuple[Finding, ...]]:
+    """Judge the figures: one finding per threshold crossed, the worst level first.
+
+    ``oldest_xid_age`` (given when the role cannot see other roles' sessions) is judged
+    like a holder's age in transaction ids.
+    """
+    t = thresholds
+    findings: list[Finding] = []
+    for holder in holders:
+        if not holder.holds_job_rows:
+            continue
+        what = f"{holder.kind.value} {holder.name}" + (
+            f" ({holder.detail})" if holder.detail else ""
+        )
+        if holder.age is not None:
+            level = _level(
+                holder.age.total_seconds(),
+                t.xmin_age_warning.total_seconds(),
+                t.xmin_age_critical.total_seconds(),
+            )
+            if level is not HealthLevel.OK:
+                age_limit = (
+                    t.xmin_age_critical if level is HealthLevel.CRITICAL else t.xmin_age_warning
+                )
+                findings.append(
+                    Finding(
+                        level,
+                        "xmin_age",
+                        f"{what} has held the xmin horizon for {_minutes(holder.age)} "
+                        f"({level.value} at {_minutes(age_limit)}): {_WHY}; {_remedy(holder)}",
+                    )
+                )
+                continue
+        level = _level(holder.xid_age, t.xmin_xids_warning, t.xmin_xids_critical)
+        if level is not HealthLevel.OK:
+            findings.append(
+                Finding(
+                    level,
+                    "xmin_xids",
+                    f"{what} holds the xmin horizon {holder.xid_age:,} transactions back "
+                    f"({level.value} at {_xid_limit(level, t):,}): {_WHY}; {_remedy(holder)}",
+                )
+            )
+    if oldest_xid_age is not None:
+        level = _level(oldest_xid_age, t.xmin_xids_warning, t.xmin_xids_critical)
+        if level is not HealthLevel.OK:
+            findings.append(
+                Finding(
+                    level,
+                    "xmin_xids",
+                    f"a transaction started {oldest_xid_age:,} transactions ago is still "
+                    f"running ({level.value} at {_xid_limit(level, t):,}); this role cannot "
+                    "see other roles' sessions (grant it pg_monitor to see which)",
+                )
+            )
+    if dead is not None:
+        level = _level(dead.dead, t.dead_tuples_warning, t.dead_tuples_critical)
+        if level is not HealthLevel.OK:
+            critical = level is HealthLevel.CRITICAL
+            limit = t.dead_tuples_critical if critical else t.dead_tuples_warning
+            vacuumed = max(
+                (v for v in (dead.last_vacuum, dead.last_autovacuum) if v is not None),
+                default=None,
+            )
+            findings.append(
+                Finding(
+                    level,
+                    "dead_tuples",
+                    f"sa_job has {dead.dead:,} dead row versions beside {dead.live:,} live ones "
+                    f"({level.value} at {limit:,}); last vacuumed "
+                    f"{vacuumed.isoformat(timespec='seconds') if vacuumed else 'never'}: "
+                    "check that autovacuum runs and that nothing holds the xmin horizon",
+                )
+            )
+    findings.sort(key=lambda finding: finding.level.rank, reverse=True)
+    worst = findings[0].level if findings else HealthLevel.OK
+    return worst, tuple(findings)
+
+
+def _xid_limit(level: HealthLevel, t: HealthThresholds) -> int:
+    return t.xmin_xids_critical if level is HealthLevel.CRITICAL else t.xmin_xids_warning
+
+
+def _remedy(holder: HorizonHolder) -> str:
+    if holder.kind is HolderKind.PREPARED:
+        return f"COMMIT PREPARED or ROLLBACK PREPARED {holder.name!r}"
+    if holder.kind is HolderKind.SLOT:
+        return f"catch its consumer up, or drop the slot: pg_drop_replication_slot({holder.name!r})"
+    pid = holder.name.removeprefix("pid ")
+    return f"end it (pg_terminate_backend({pid})) and set idle_in_transaction_session_timeout"

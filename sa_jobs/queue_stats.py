@@ -1,0 +1,446 @@
+"""``sa_jobs.stats(session)``: how many jobs each queue holds in each state, how long the
+oldest available one has waited, what each worker runs, which sequences are halted, and
+the health figures of :mod:`sa_jobs.health`.
+
+It must stay fast on a table of 10 million finished jobs, so it never counts what it
+cannot count through a small index:
+
+* The **active states** (``available``, ``scheduled``, ``pending``, ``running``,
+  ``retryable``) are counted exactly: each has a partial index holding only its rows
+  (``docs/operations.md``, "Big tables"), and a healthy queue keeps them small.
+* The **finished states** (``completed``, ``cancelled``, ``discarded``) are what grows.
+  Each is counted exactly up to ``exact_limit`` rows (default 100,000), walking
+  ``sa_job_finalized_idx`` and stopping one row past the limit. Past it, the count is an
+  *estimate* from a page sample of the table (``TABLESAMPLE SYSTEM`` reading about
+  ``SAMPLE_PAGES`` pages), scaled to the table's current size — no ``ANALYZE`` needed,
+  so it holds on a server whose autovacuum is off — and never below the ``exact_limit +
+  1`` rows known to exist. :attr:`Stats.estimated` and :attr:`QueueStats.estimated` name
+  the states whose figures are estimates.
+
+Everything is read in the caller's session; nothing is written.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from sqlalchemy import (
+    Connection,
+    Integer,
+    Text,
+    func,
+    literal,
+    null,
+    select,
+    tablesample,
+    text,
+    union_all,
+)
+from sqlalchemy import cast as sql_cast
+from sqlalchemy.dialects.postgresql import INTERVAL, REAL
+from sqlalchemy.orm import Session
+
+from sa_jobs.errors import InvalidOptionsError
+from sa_jobs.health import Health, HealthThresholds, read_health
+from sa_jobs.models import Leader, WorkerProcess, job_table
+from sa_jobs.schema import Features
+from sa_jobs.sequence import halts_sequence
+from sa_jobs.sessions import either_session
+from sa_jobs.states import FINAL_STATES, JobState
+
+__all__ = [
+    "EXACT_LIMIT",
+    "HaltedSequence",
+    "HaltedSequences",
+    "QueueStats",
+    "Stats",
+    "WorkerStats",
+    "as_dict",
+    "stats",
+]
+
+#: Finished jobs of one state counted exactly up to this many; estimated past it.
+EXACT_LIMIT = 100_000
+#: About how many of the table's pages the estimate reads (8 kB each: ~16 MB).
+SAMPLE_PAGES = 2_000
+#: How many halted sequences are listed (all are counted).
+HALTED_LISTED = 100
+
+#: The states counted exactly, each through its own partial index.
+ACTIVE_STATES = tuple(state for state in JobState if state not in FINAL_STATES)
+_FINISHED_STATES = tuple(state for state in JobState if state in FINAL_STATES)
+
+
+@attrs.frozen
+class QueueStats:
+    """One queue's figures.
+
+    Attributes:
+        name: The queue.
+        counts: Jobs in each state (every state present, 0 where none).
+        estimated: The states whose count is an estimate (finished states past the
+            exact limit).
+        oldest_available_age: How long the longest-waiting ``available`` job has been
+            due; None when none is available.
+        paused: Reserved for queue controls (pause/resume): None while this
+            installation has none.
+    """
+
+    name: str
+    counts: Mapping[JobState, int]
+    estimated: frozenset[JobState]
+    oldest_available_age: dt.timedelta | None
+    paused: bool | None = None
+
+
+@attrs.frozen
+class WorkerStats:
+    """A worker process: its heartbeat row, and the jobs it runs now.
+
+    A worker id with running jobs and no heartbeat row (``hostname`` None) has gone
+    away; the rescuer fails those attempts after its rescue delay.
+
+    Attributes:
+        id: The worker's id (the last entry of its jobs' ``attempted_by``).
+        running: Jobs in ``running`` it attempts now.
+        hostname: From its heartbeat row; None when it has none.
+        pid: Likewise.
+        queues: The queues it works.
+        started_at: When it registered.
+        heartbeat_age: Time since its last heartbeat.
+    """
+
+    id: str
+    running: int
+    hostname: str | None
+    pid: int | None
+    queues: tuple[str, ...]
+    started_at: dt.datetime | None
+    heartbeat_age: dt.timedelta | None
+
+
+@attrs.frozen
+class HaltedSequence:
+    """A sequence halted by a cancelled or discarded job (see docs/sequences.md)."""
+
+    job_id: int
+    kind: str
+    queue: str
+    state: JobState
+    finalized_at: dt.datetime
+    #: Jobs of the sequence waiting (``pending``) behind it.
+    waiting: int
+
+
+@attrs.frozen
+class HaltedSequences:
+    """Every halted sequence counted; the ones halted longest listed (at most 100)."""
+
+    count: int
+    listed: tuple[HaltedSequence, ...]
+
+
+@attrs.frozen
+class Stats:
+    """What :func:`stats` returns.
+
+    Attributes:
+        taken_at: The database's clock when the figures were read.
+        queues: Per queue, by name (queues with any job, in name order).
+        totals: Jobs in each state over all queues.
+        estimated: The states whose figures are estimates (in ``totals`` and in each
+            queue).
+        exact_limit: Finished jobs per state counted exactly up to this many.
+        workers: Registered worker processes and workers with running jobs, by id.
+        leader: The worker running maintenance now; None when no lease is held.
+        halted_sequences: None when the sequence branch is not installed.
+        health: The xmin horizon, its holders, and dead rows: :class:`~sa_jobs.health.Health`.
+    """
+
+    taken_at: dt.datetime
+    queues: Mapping[str, QueueStats]
+    totals: Mapping[JobState, int]
+    estimated: frozenset[JobState]
+    exact_limit: int
+    workers: tuple[WorkerStats, ...]
+    leader: str | None
+    halted_sequences: HaltedSequences | None
+    health: Health
+
+
+# ---------------------------------------------------------------------- counting
+
+_jobs = job_table.c
+
+
+def _active_counts(connection: Connection, features: Features) -> list[Any]:
+    """(queue, state, count, oldest available age) of every active state, one index each.
+
+    One SELECT per state, so each can read its own partial index; one ``state IN``
+    over all of them matches none and would read the table.
+    """
+    selects = []
+    for state in ACTIVE_STATES:
+        where = [_jobs.state == state]
+        if state is JobState.PENDING:
+            if not features.sequence:
+                continue  # only sequences make pending jobs
+            where.append(_jobs.sequence_key.is_not(None))  # sa_job_sequence_pending_idx
+        oldest = (
+            func.greatest(func.now() - func.min(_jobs.scheduled_at), text("interval '0'"))
+            if state is JobState.AVAILABLE
+            else sql_cast(null(), INTERVAL)
+        )
+        selects.append(
+            select(
+                _jobs.queue,
+                literal(state.value, Text).label("state"),
+                func.count().label("n"),
+                oldest.label("oldest"),
+            )
+            .where(*where)
+            .group_by(_jobs.queue)
+        )
+    return list(connection.execute(union_all(*selects)))
+
+
+def _capped_counts(connection: Connection, state: JobState, limit: int) -> Counter[str] | None:
+    """Jobs of a finished state per queue; None when there are more than ``limit``.
+
+    First a count that stops one row past the limit (``sa_job_finalized_idx``, without an
+    order, so no plan sorts or visits more than ``limit + 1`` rows); only under the limit
+    are the rows grouped by queue.
+    """
+    finished = [_jobs.state == state, _jobs.finalized_at.is_not(None)]
+    capped = select(literal(1)).where(*finished).limit(limit + 1).subquery("capped")
+    if connection.execute(select(func.count()).select_from(capped)).scalar_one() > limit:
+        return None
+    rows = connection.execute(
+        select(_jobs.queue, func.count()).where(*finished).group_by(_jobs.queue)
+    )
+    return Counter({queue: n for queue, n in rows})
+
+
+def _sampled_counts(
+    connection: Connection, states: tuple[JobState, ...]
+) -> dict[JobState, dict[str, float]]:
+    """Estimated jobs per state and queue, from a sample of about SAMPLE_PAGES pages."""
+    pages = connection.scalar(
+        select(
+            func.pg_relation_size(func.to_regclass(job_table.name))
+            / sql_cast(func.current_setting("block_size"), Integer)
+        )
+    )
+    percent = min(100.0, 100.0 * SAMPLE_PAGES / max(int(pages or 0), 1))
+    sample = tablesample(job_table, func.system(sql_cast(percent, REAL)), name="sampled")
+    rows = connection.execute(
+        select(sample.c.queue, sample.c.state, func.count())
+        .where(sample.c.state.in_([state.value for state in states]))
+        .group_by(sample.c.queue, sample.c.state)
+    )
+    found: dict[JobState, dict[str, float]] = {state: {} for state in states}
+    for queue, state, n in rows:
+        found[JobState(state)][queue] = n * 100.0 / percent
+    return found
+
+
+def _finished_counts(
+    connection: Connection, limit: int
+) -> tuple[dict[JobState, Counter[str]], frozenset[JobState]]:
+    counted = {state: _capped_counts(connection, state, limit) for state in _FINISHED_STATES}
+    exact = {state: found for state, found in counted.items() if found is not None}
+    over = tuple(state for state, found in counted.items() if found is None)
+    if not over:
+        return exact, frozenset()
+    sampled = _sampled_counts(connection, over)
+    for state in over:
+        # Never below the rows the capped count saw; split over queues as the sample is
+        # (a sample that met none of them: all in "?", which names no queue).
+        shares = sampled[state] or {"?": 1.0}
+        weight = sum(shares.values())
+        total = max(limit + 1, round(weight))
+        exact[state] = Counter(
+            {queue: max(1, round(total * share / weight)) for queue, share in shares.items()}
+        )
+    return exact, frozenset(over)
+
+
+# ---------------------------------------------------------------------- workers, sequences
+
+
+def _workers(connection: Connection) -> tuple[WorkerStats, ...]:
+    last_attempt = _jobs.attempted_by[func.cardinality(_jobs.attempted_by)]
+    running = (
+        select(last_attempt.label("worker_id"), func.count().label("running"))
+        .where(_jobs.state == JobState.RUNNING)  # sa_job_running_idx
+        .group_by(last_attempt)
+        .subquery("running_by_worker")
+    )
+    w = WorkerProcess.__table__.c
+    joined = running.join(WorkerProcess.__table__, running.c.worker_id == w.id, full=True)
+    worker_id = func.coalesce(w.id, running.c.worker_id, "?")
+    rows = connection.execute(
+        select(
+            worker_id.label("id"),
+            func.coalesce(running.c.running, 0).label("running"),
+            w.hostname,
+            w.pid,
+            w.queues,
+            w.started_at,
+            (func.now() - w.heartbeat_at).label("heartbeat_age"),
+        )
+        .select_from(joined)
+        .order_by(worker_id)
+    )
+    return tuple(
+        WorkerStats(
+            id=row.id,
+            running=row.running,
+            hostname=row.hostname,
+            pid=row.pid,
+            queues=tuple(row.queues or ()),
+            started_at=row.started_at,
+            heartbeat_age=row.heartbeat_age,
+        )
+        for row in rows
+    )
+
+
+def _leader(connection: Connection) -> str | None:
+    leader = Leader.__table__.c
+    found: str | None = connection.scalar(
+        select(leader.leader_id).where(leader.expires_at > func.now()).limit(1)
+    )
+    return found
+
+
+def _halted_sequences(connection: Connection) -> HaltedSequences:
+    halted = job_table.alias("halted")
+    waiting = job_table.alias("waiting")
+    behind = (
+        select(func.count())
+        .where(
+            waiting.c.sequence_key == halted.c.sequence_key,
+            waiting.c.sequence_key.is_not(None),
+            waiting.c.state == JobState.PENDING,  # sa_job_sequence_pending_idx
+        )
+        .scalar_subquery()
+    )
+    count = connection.scalar(
+        select(func.count()).select_from(halted).where(halts_sequence(halted))
+    )
+    rows = connection.execute(
+        select(
+            halted.c.id,
+            halted.c.kind,
+            halted.c.queue,
+            halted.c.state,
+            halted.c.finalized_at,
+            behind.label("waiting"),
+        )
+        .where(halts_sequence(halted))
+        .order_by(halted.c.finalized_at, halted.c.id)
+        .limit(HALTED_LISTED)
+    )
+    return HaltedSequences(
+        count=int(count or 0),
+        listed=tuple(
+            HaltedSequence(
+                job_id=row.id,
+                kind=row.kind,
+                queue=row.queue,
+                state=row.state,
+                finalized_at=row.finalized_at,
+                waiting=row.waiting,
+            )
+            for row in rows
+        ),
+    )
+
+
+# ---------------------------------------------------------------------- stats()
+
+
+@either_session
+def stats(
+    session: Session,
+    *,
+    exact_limit: int = EXACT_LIMIT,
+    thresholds: HealthThresholds | None = None,
+) -> Stats:
+    """Counts per queue and state, the oldest available job's age, running jobs by
+    worker, halted sequences and the health figures, read in ``session``.
+
+    Args:
+        session: A ``Session`` or ``AsyncSession`` (then await the result).
+        exact_limit: Finished jobs of one state are counted exactly up to this many,
+            and estimated past it (see the module); at least 1.
+        thresholds: What the health figures are judged by (default
+            :class:`~sa_jobs.health.HealthThresholds`).
+
+    Raises:
+        InvalidOptionsError: ``exact_limit`` is not a whole number of at least 1.
+        SchemaMissingError: the database has no sa_job table.
+    """
+    if isinstance(exact_limit, bool) or not isinstance(exact_limit, int) or exact_limit < 1:
+        raise InvalidOptionsError(
+            "exact_limit", f"must be a whole number of at least 1, got {exact_limit!r}"
+        )
+    connection = session.connection()
+    features = Features.of(connection)
+    taken_at: dt.datetime = connection.execute(select(func.now())).scalar_one()
+    counts: dict[str, dict[JobState, int]] = {}
+    oldest: dict[str, dt.timedelta] = {}
+    for row in _active_counts(connection, features):
+        counts.setdefault(row.queue, {})[JobState(row.state)] = row.n
+        if row.oldest is not None:
+            oldest[row.queue] = row.oldest
+    finished, estimated = _finished_counts(connection, exact_limit)
+    for state, per_queue in finished.items():
+        for queue, n in per_queue.items():
+            counts.setdefault(queue, {})[state] = n
+    queues = {
+        name: QueueStats(
+            name=name,
+            counts={state: counts[name].get(state, 0) for state in JobState},
+            estimated=frozenset(s for s in estimated if counts[name].get(s)),
+            oldest_available_age=oldest.get(name),
+        )
+        for name in sorted(counts)
+    }
+    return Stats(
+        taken_at=taken_at,
+        queues=queues,
+        totals={state: sum(q.counts[state] for q in queues.values()) for state in JobState},
+        estimated=estimated,
+        exact_limit=exact_limit,
+        workers=_workers(connection),
+        leader=_leader(connection),
+        halted_sequences=_halted_sequences(connection) if features.sequence else None,
+        health=read_health(connection, thresholds),
+    )
+
+
+def as_dict(value: Any) -> Any:
+    """A JSON-ready form of :class:`Stats`, :class:`~sa_jobs.health.Health` or any part
+    of them: timedeltas in seconds, instants in ISO 8601, enums by value, sets sorted."""
+    if attrs.has(type(value)):
+        return {f.name: as_dict(getattr(value, f.name)) for f in attrs.fields(type(value))}
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, dt.datetime):
+        return value.isoformat()
+    if isinstance(value, frozenset | set):
+        return sorted(as_dict(item) for item in value)
+    if isinstance(value, Mapping):
+        return {str(as_dict(key)): as_dict(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [as_dict(item) for item in value]
+    return value
