@@ -20,6 +20,7 @@ from sa_jobs.insert import InsertManyParams, InsertResult, insert, insert_job, i
 from sa_jobs.job_key import RemoveOutcome, remove_job
 from sa_jobs.models import Job, metadata
 from sa_jobs.options import InsertOptions, InsertOpts, JobKeyMode, SequenceOpts, UniqueOpts
+from sa_jobs.periodic import PeriodicJob
 from sa_jobs.queue_stats import Stats, stats
 from sa_jobs.schema import downgrade, migrate
 from sa_jobs.states import InsertAction, JobState
@@ -45,6 +46,7 @@ __all__ = [
     "JobState",
     "KindRegistry",
     "MaintenanceConfig",
+    "PeriodicJob",
     "RemoveOutcome",
     "Retention",
     "RetryPolicy",

@@ -212,3 +212,14 @@ class UniqueConflictError(SaJobsError):
 class BenchmarkError(SaJobsError, RuntimeError):
     """``sa-jobs bench`` could not finish a measurement (a worker process died, jobs were
     left unfinished); the message says which."""
+
+
+class PeriodicJobNotFoundError(SaJobsError, LookupError):
+    """No periodic job of that name is in the database."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(
+            f"no periodic job named {name!r} in the database; a worker registers its periodic "
+            "jobs when it starts (see `sa-jobs periodic list`)"
+        )

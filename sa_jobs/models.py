@@ -43,7 +43,7 @@ from sqlalchemy.sql.expression import ColumnElement, FromClause
 from sa_jobs.args import JobKind, default_registry
 from sa_jobs.states import FINAL_STATES, InsertAction, JobState
 
-__all__ = ["Base", "Job", "Leader", "WorkerProcess", "metadata"]
+__all__ = ["Base", "Job", "Leader", "PeriodicState", "WorkerProcess", "metadata"]
 
 #: Include this in your Alembic ``target_metadata`` (as a list entry) so autogenerate
 #: knows sa_jobs' tables are expected and leaves them alone.
@@ -449,3 +449,31 @@ class Leader(Base):
     leader_id: Mapped[str] = mapped_column(Text)
     elected_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
     expires_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+
+
+class PeriodicState(Base):
+    """The durable schedule of one periodic job (the ``sa_jobs_periodic`` branch).
+
+    ``next_run_at`` is the one instant not yet fired; a tick moves it forward with a
+    compare-and-set in the transaction that inserts the instant's job, so each instant
+    gets one job whatever the number of processes (``docs/periodic-jobs.md``).
+    """
+
+    __tablename__ = "sa_job_periodic"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    #: The schedule's canonical text; a different one in the code starts the job over.
+    schedule: Mapped[str] = mapped_column(Text)
+    next_run_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    #: The latest instant fired, and the job and (database) time it was inserted at.
+    last_run_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    last_job_id: Mapped[int | None] = mapped_column(BigInteger)
+    last_enqueued_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    #: ``sa_jobs.periodic.run_now`` asks for an extra run; the next tick honours it.
+    run_now_requested_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    #: Last time a worker with this periodic job in its code registered or ticked it;
+    #: rows not seen for ``periodic_retire_after`` are deleted.
+    seen_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    created_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )

@@ -31,8 +31,9 @@ CORE_BRANCH = "sa_jobs_core"
 UNIQUE_BRANCH = "sa_jobs_unique"
 SEQUENCE_BRANCH = "sa_jobs_sequence"
 JOB_KEY_BRANCH = "sa_jobs_job_key"
+PERIODIC_BRANCH = "sa_jobs_periodic"
 #: Every branch label, in the order ``sa-jobs migrate`` lists them.
-BRANCHES = (CORE_BRANCH, UNIQUE_BRANCH, SEQUENCE_BRANCH, JOB_KEY_BRANCH)
+BRANCHES = (CORE_BRANCH, UNIQUE_BRANCH, SEQUENCE_BRANCH, JOB_KEY_BRANCH, PERIODIC_BRANCH)
 
 #: A column each feature branch adds to ``sa_job``, to tell whether it is installed.
 _BRANCH_MARKER_COLUMNS = {
@@ -40,6 +41,9 @@ _BRANCH_MARKER_COLUMNS = {
     SEQUENCE_BRANCH: "sequence_key",
     JOB_KEY_BRANCH: "job_key",
 }
+
+#: A table each feature branch that adds tables (not columns of sa_job) creates.
+_BRANCH_MARKER_TABLES = {PERIODIC_BRANCH: "sa_job_periodic"}
 
 #: Columns added by later revisions of a branch: a database without them has the branch,
 #: but not at its head.
@@ -137,9 +141,17 @@ def installed_branches(connection: Connection) -> frozenset[str]:
     )
     if not columns:
         return frozenset()
+    tables = set(
+        connection.scalars(
+            select(text("table_name"))
+            .select_from(text("information_schema.tables"))
+            .where(text("table_schema = current_schema()"))
+        )
+    )
     return frozenset(
         {CORE_BRANCH}
         | {branch for branch, marker in _BRANCH_MARKER_COLUMNS.items() if marker in columns}
+        | {branch for branch, table in _BRANCH_MARKER_TABLES.items() if table in tables}
     )
 
 
@@ -151,6 +163,7 @@ class Features:
     unique: bool = False
     sequence: bool = False
     job_key: bool = False
+    periodic: bool = False
 
     @classmethod
     def from_branches(cls, branches: frozenset[str]) -> Features:
@@ -158,6 +171,7 @@ class Features:
             unique=UNIQUE_BRANCH in branches,
             sequence=SEQUENCE_BRANCH in branches,
             job_key=JOB_KEY_BRANCH in branches,
+            periodic=PERIODIC_BRANCH in branches,
         )
 
     @classmethod
@@ -180,7 +194,7 @@ class Features:
 
 
 #: Every feature: what ``sa-jobs migrate`` installs.
-ALL_FEATURES = Features(unique=True, sequence=True, job_key=True)
+ALL_FEATURES = Features(unique=True, sequence=True, job_key=True, periodic=True)
 #: The core alone.
 NO_FEATURES = Features()
 
@@ -199,6 +213,9 @@ def missing_schema_error(exc: BaseException) -> SchemaMissingError | None:
     message = str(orig)
     detail = message.splitlines()[0] if message else ""
     if sqlstate in ("42P01", "42704") and "sa_job" in message:
+        for branch, table in _BRANCH_MARKER_TABLES.items():
+            if re.search(rf"(?<![\w]){table}\b", message):
+                return SchemaMissingError(branch, detail)
         return SchemaMissingError(CORE_BRANCH, detail)
     if sqlstate == "42703":
         for column, branch in _LATER_COLUMNS.items():

@@ -97,13 +97,19 @@ def notified_queues(listener: psycopg.Connection[Any], timeout: float = 0.3) -> 
 
 
 def empty_job_table(bind: Engine | Connection) -> None:
-    """Delete every job and restart the ids."""
-    statement = text("TRUNCATE sa_job RESTART IDENTITY")
+    """Delete every job and restart the ids; forget every periodic job's state (where
+    the periodic branch is installed)."""
     if isinstance(bind, Connection):
-        bind.execute(statement)
+        _empty_tables(bind)
         return
     with bind.begin() as connection:
-        connection.execute(statement)
+        _empty_tables(connection)
+
+
+def _empty_tables(connection: Connection) -> None:
+    connection.execute(text("TRUNCATE sa_job RESTART IDENTITY"))
+    if connection.scalar(text("SELECT to_regclass('sa_job_periodic') IS NOT NULL")):
+        connection.execute(text("TRUNCATE sa_job_periodic"))
 
 
 # ------------------------------------------------------------------ waiting

@@ -19,8 +19,10 @@ from typing import Any, Literal, Protocol
 from sqlalchemy import Engine
 
 from sa_jobs.complete import Outcome
+from sa_jobs.errors import SchemaMissingError
 from sa_jobs.models import Job
-from sa_jobs.schema import Features
+from sa_jobs.periodic.definition import PeriodicJob
+from sa_jobs.schema import PERIODIC_BRANCH, Features
 from sa_jobs.worker.aio import EventLoopThread
 from sa_jobs.worker.completer import BatchCompleter, Completer, InlineCompleter, OutcomeWriter
 from sa_jobs.worker.engines import WorkerEngines, prepare_warning
@@ -57,6 +59,7 @@ class RunSettings(Protocol):
     interrupt_grace: float
     stuck_thread_limit: int
     listen: ListenOptions
+    periodic: list[PeriodicJob]
 
     @property
     def completer_kind(self) -> Literal["batch", "inline"]: ...
@@ -133,6 +136,10 @@ class WorkerRun:
             behind_pooler = prepare_warning(connection)
         if behind_pooler is not None:
             log.warning("%s", behind_pooler)
+        if worker.periodic and not features.periodic:
+            raise SchemaMissingError(
+                PERIODIC_BRANCH, "Worker(periodic=[...]) keeps its state there"
+            )
         if worker.listen.engine is not None:
             check_same_database(worker.listen.engine, self.engine)
         self.pool = HandlerThreads("sa_jobs-job", worker.stuck_thread_limit, self._release_slot)
@@ -170,6 +177,7 @@ class WorkerRun:
             features=features,
             retry_delay=worker.retry_delay_for,
             stopping=self.closing,
+            periodic=worker.periodic,
         )
         self.notifier = Notifier(
             self.engine,

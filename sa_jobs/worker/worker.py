@@ -18,7 +18,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal, Protocol, TypeVar, cast, overload
 
@@ -30,6 +30,7 @@ from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.models import Job
 from sa_jobs.option_checks import check_queue, check_timeout
 from sa_jobs.options import UNSET
+from sa_jobs.periodic.definition import PeriodicJob, check_periodic_jobs
 from sa_jobs.states import JobState
 from sa_jobs.worker.engines import WorkerEngines
 from sa_jobs.worker.handlers import HandlerRegistry
@@ -126,7 +127,10 @@ class Worker:
         sync_engine: Engine | None = None,
         listen_engine: Engine | URL | str | None = None,
         poll_only: bool = False,
+        periodic: Iterable[PeriodicJob] = (),
     ) -> None:
+        #: The periodic jobs this process fires (checked: distinct names).
+        self.periodic: list[PeriodicJob] = check_periodic_jobs(periodic)
         #: Where notifications come from (``listen_engine``, ``poll_only``).
         self.listen = ListenOptions.build(listen_engine, poll_only)
         self.engines = WorkerEngines(engine, sync_engine=sync_engine, async_engine=async_engine)

@@ -27,6 +27,7 @@ ALL_REVISIONS = [
     "sajobs_sequence_0001",
     "sajobs_job_key_0001",
     "sajobs_job_key_0002",
+    "sajobs_periodic_0001",
 ]
 
 Run = Callable[..., tuple[int, str, str]]
@@ -64,7 +65,7 @@ def status_rows(out: str) -> dict[str, tuple[str, str]]:
     lines = out.splitlines()
     assert re.split(r"\s{2,}", lines[0]) == ["branch", "installed", "pending"]
     rows = {}
-    for line in lines[1:5]:
+    for line in lines[1:6]:
         branch, installed, pending = re.split(r"\s{2,}", line)
         rows[branch] = (installed, pending)
     return rows
@@ -103,6 +104,7 @@ def test_migrate_one_branch_then_the_rest_applies_only_whats_missing(cli: Run) -
         "sajobs_sequence_0001",
         "sajobs_job_key_0001",
         "sajobs_job_key_0002",
+        "sajobs_periodic_0001",
     ]
 
 
@@ -150,8 +152,9 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
         "sa_jobs_unique": ("-", "sajobs_unique_0001, sajobs_unique_0002"),
         "sa_jobs_sequence": ("-", "sajobs_sequence_0001"),
         "sa_jobs_job_key": ("-", "sajobs_job_key_0001, sajobs_job_key_0002"),
+        "sa_jobs_periodic": ("-", "sajobs_periodic_0001"),
     }
-    assert out.splitlines()[-1] == "10 revisions pending: run sa-jobs migrate"
+    assert out.splitlines()[-1] == "11 revisions pending: run sa-jobs migrate"
 
     cli("migrate", "--target", "sajobs_core_0002")
     cli("migrate", "--target", "sajobs_unique_0001")
@@ -164,8 +167,9 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
         "sa_jobs_unique": ("sajobs_unique_0001", "sajobs_unique_0002"),
         "sa_jobs_sequence": ("-", "sajobs_sequence_0001"),
         "sa_jobs_job_key": ("-", "sajobs_job_key_0001, sajobs_job_key_0002"),
+        "sa_jobs_periodic": ("-", "sajobs_periodic_0001"),
     }
-    assert out.splitlines()[-1] == "7 revisions pending: run sa-jobs migrate"
+    assert out.splitlines()[-1] == "8 revisions pending: run sa-jobs migrate"
 
     cli("migrate")
     _, out, _ = cli("migrate", "--status")
@@ -174,6 +178,7 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
         "sa_jobs_unique": ("sajobs_unique_0002", "-"),
         "sa_jobs_sequence": ("sajobs_sequence_0001", "-"),
         "sa_jobs_job_key": ("sajobs_job_key_0002", "-"),
+        "sa_jobs_periodic": ("sajobs_periodic_0001", "-"),
     }
     assert out.splitlines()[-1] == "up to date"
 

