@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 import sa_jobs
 from sa_jobs.dashboard import create_app
 from sa_jobs.devdb import find_server, throwaway_database
-from sa_jobs.models import Job
+from sa_jobs.models import Job, PeriodicState
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "img"
@@ -61,6 +61,23 @@ class ChargeCard:
     invoice: str
     cents: int
 
+
+@sa_jobs.job_args(kind="nightly_report", queue="default")
+class NightlyReport:
+    team: str = "ops"
+
+
+@sa_jobs.job_args(kind="refresh_exchange_rates", queue="default")
+class RefreshRates:
+    source: str = "ecb"
+
+
+PERIODIC = [
+    sa_jobs.PeriodicJob("0 3 * * *", NightlyReport(), name="nightly_report", tz="Europe/Paris"),
+    sa_jobs.PeriodicJob(
+        dt.timedelta(minutes=15), RefreshRates(), name="refresh_exchange_rates", run_on_start=True
+    ),
+]
 
 hold = threading.Event()
 
@@ -137,6 +154,21 @@ def seed_live(engine: Engine) -> None:
         )
 
 
+def seed_periodic(engine: Engine) -> None:
+    """A periodic job no running worker has any more, with a run requested that waits."""
+    with engine.begin() as connection:
+        connection.execute(
+            insert(PeriodicState).values(
+                name="purge_sessions",
+                schedule="every 3600s",
+                next_run_at=func.now() - dt.timedelta(hours=30),
+                last_run_at=func.now() - dt.timedelta(hours=31),
+                seen_at=func.now() - dt.timedelta(hours=30, minutes=20),
+                run_now_requested_at=func.now() - dt.timedelta(minutes=4),
+            )
+        )
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -152,6 +184,7 @@ def main() -> int:
                 sa_jobs.migrate(engine)
                 seed_history(engine)
                 seed_live(engine)
+                seed_periodic(engine)
                 shoot(engine)
             finally:
                 engine.dispose()
@@ -165,11 +198,14 @@ def shoot(engine: Engine) -> None:
         engine,
         queues={"default": 2, "mail": 2, "media": 1, "billing": 1},
         poll_interval=0.1,
+        periodic=PERIODIC,
     )
     worker.handler(SendEmail)(send_email)
     worker.handler(ResizeImage)(resize_image)
     worker.handler(SyncAccount)(sync_account)
     worker.handler(ChargeCard)(charge_card)
+    worker.handler(NightlyReport)(lambda job: None)
+    worker.handler(RefreshRates)(lambda job: None)
     worker.start()
     port = free_port()
     web = uvicorn.Server(
@@ -207,6 +243,7 @@ def pages(failed_job: int | None) -> list[tuple[str, str]]:
         ("jobs-filtered", "/jobs?state=discarded&q=INV"),
         ("job", f"/jobs/{failed_job}"),
         ("sequences", "/sequences"),
+        ("periodic", "/periodic"),
         ("workers", "/workers"),
     ]
 

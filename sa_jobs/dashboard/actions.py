@@ -22,9 +22,10 @@ from starlette.responses import RedirectResponse, Response
 from sa_jobs.control import cancel_job, retry_job
 from sa_jobs.dashboard.context import Dashboard
 from sa_jobs.dashboard.security import CSRF_FIELD, csrf_problem
-from sa_jobs.errors import JobNotFoundError, SaJobsError
+from sa_jobs.errors import JobNotFoundError, PeriodicJobNotFoundError, SaJobsError
+from sa_jobs.periodic import run_now
 
-__all__ = ["cancel", "resume_sequence", "retry"]
+__all__ = ["cancel", "resume_sequence", "retry", "run_periodic_now"]
 
 #: A form is a few ids and names; anything bigger is not the dashboard's.
 MAX_FORM_BYTES = 256 * 1024
@@ -87,7 +88,8 @@ def action(
     run: Callable[[Request, Dashboard, Form], Any],
 ) -> Callable[[Request], Any]:
     """An endpoint: read and check the form, run the action, turn sa_jobs' errors into
-    pages (404 for a job that is gone, 409 for an action the job's state refuses)."""
+    pages (404 for a job or periodic job that is gone, 409 for an action the job's state
+    refuses or a feature branch that is not installed, with sa_jobs' message)."""
 
     async def endpoint(request: Request) -> Response:
         dashboard = Dashboard.of(request)
@@ -97,7 +99,7 @@ def action(
             return response
         except Refused as refused:
             return dashboard.error_page(request, refused.status, refused.message)
-        except JobNotFoundError as exc:
+        except (JobNotFoundError, PeriodicJobNotFoundError) as exc:
             return dashboard.error_page(request, 404, str(exc))
         except SaJobsError as exc:
             return dashboard.error_page(request, 409, str(exc))
@@ -146,6 +148,25 @@ async def _resume_sequence(request: Request, dashboard: Dashboard, form: Form) -
     return redirect(request, dashboard, "/sequences", "resumed")
 
 
+# ---------------------------------------------------------------------- periodic jobs
+
+
+async def _run_periodic_now(request: Request, dashboard: Dashboard, form: Form) -> Response:
+    """Request one extra run: stored in the row, fired by the next tick of a worker that
+    has the job in its code (docs/periodic-jobs.md). The name travels in the form, not
+    the path: periodic job names are free text."""
+    name = form.get("name")
+    if not name:
+        raise Refused(400, "Which periodic job? The form names none.")
+
+    def work(session: Session) -> None:
+        run_now(session, name)
+
+    await dashboard.database.write(work)
+    return redirect(request, dashboard, "/periodic", "ran")
+
+
 retry = action(_retry)
 cancel = action(_cancel)
 resume_sequence = action(_resume_sequence)
+run_periodic_now = action(_run_periodic_now)

@@ -69,6 +69,8 @@ def create_app(
         Route("/jobs/{job_id:int}/cancel", actions.cancel, methods=["POST"]),
         Route("/sequences", pages.sequences, name="sequences"),
         Route("/sequences/{job_id:int}/resume", actions.resume_sequence, methods=["POST"]),
+        Route("/periodic", pages.periodic, name="periodic"),
+        Route("/periodic/run", actions.run_periodic_now, methods=["POST"]),
         Route("/workers", pages.workers, name="workers"),
         Mount("/static", StaticFiles(packages=[("sa_jobs.dashboard", "static")]), name="static"),
     ]

@@ -1,4 +1,4 @@
-"""The dashboard's pages (GET): overview, jobs, one job, sequences, workers.
+"""The dashboard's pages (GET): overview, jobs, one job, sequences, periodic jobs, workers.
 
 Each handler reads what its page shows in one short transaction
 (:class:`~sa_jobs.dashboard.database.Database`) and renders it; none of them writes.
@@ -14,9 +14,10 @@ from starlette.responses import Response
 from sa_jobs.dashboard import queries
 from sa_jobs.dashboard.charts import hour_chart
 from sa_jobs.dashboard.context import Dashboard
+from sa_jobs.dashboard.periodic_view import STALE_AFTER, periodic_view
 from sa_jobs.queue_stats import Stats, stats
 
-__all__ = ["job", "jobs", "overview", "sequences", "workers"]
+__all__ = ["job", "jobs", "overview", "periodic", "sequences", "workers"]
 
 
 async def overview(request: Request) -> Response:
@@ -75,6 +76,12 @@ async def sequences(request: Request) -> Response:
     dashboard = Dashboard.of(request)
     halted = await dashboard.database.read(queries.halted_sequences)
     return dashboard.renderer.page(request, "sequences.html", halted=halted, cap=queries.LIST_CAP)
+
+
+async def periodic(request: Request) -> Response:
+    dashboard = Dashboard.of(request)
+    view = await dashboard.database.read(periodic_view)
+    return dashboard.renderer.page(request, "periodic.html", view=view, stale_after=STALE_AFTER)
 
 
 async def workers(request: Request) -> Response:

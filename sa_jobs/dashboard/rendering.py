@@ -39,7 +39,10 @@ NOTICES = {
     "resumed": "The sequence's halted job was retried: the sequence runs on from it.",
     "paused": "Queue paused: workers stop fetching from it; running jobs finish.",
     "unpaused": "Queue resumed.",
-    "ran": "A run of the periodic job was inserted.",
+    "ran": (
+        "Run requested: the next tick of a worker that has this periodic job inserts "
+        "its job (within a second or so)."
+    ),
     "bulk": "Done.",
 }
 

@@ -3,19 +3,28 @@ real uvicorn server, the real database and a real worker."""
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from collections.abc import Iterator
 
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
-from sqlalchemy import Engine
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import JobState
 from sa_jobs.dashboard import create_app
 from tests.dashboard import chromium, serving
 from tests.factories import job_row, make_job
-from tests.helpers import add_job, make_worker, running, wait_for_state
+from tests.helpers import (
+    add_job,
+    fast_maintenance,
+    make_worker,
+    running,
+    wait_for_state,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -103,6 +112,53 @@ def test_find_a_failed_job_retry_it_and_see_a_worker_complete_it(
     assert job_row(engine, job_id).attempt == 2
 
 
+@sa_jobs.job_args(kind="dashboard_browser_report")
+class Report:
+    label: str = ""
+
+
+def periodic_job_ids(engine: Engine, name: str) -> list[int]:
+    with Session(engine) as session:
+        jobs = session.scalars(select(sa_jobs.Job).order_by(sa_jobs.Job.id)).all()
+        return [job.id for job in jobs if job.metadata_.get("periodic", {}).get("name") == name]
+
+
+def test_run_a_periodic_job_now_and_see_a_worker_complete_it(
+    engine: Engine, base_url: str, page: Page
+) -> None:
+    done: list[str] = []
+    worker = make_worker(
+        engine,
+        # Hourly: no scheduled instant comes during the test, only the requested run.
+        periodic=[sa_jobs.PeriodicJob(dt.timedelta(hours=1), Report("hourly"), name="hourly")],
+        maintenance=fast_maintenance(periodic_interval=0.1),
+    )
+    worker.handler(Report)(lambda job: done.append(job.args.label))
+    with running(worker):
+        page.goto(base_url + "/")
+        page.get_by_role("link", name="Periodic", exact=True).click()
+        expect(page.get_by_role("heading", level=1)).to_have_text("Periodic jobs")
+        row = page.locator("table.periodic tbody tr", has_text="hourly")
+        expect(row).to_contain_text("every")
+        expect(row).to_contain_text("in 60 min")  # the first instant, an hour away
+        assert periodic_job_ids(engine, "hourly") == []
+
+        row.get_by_role("button", name="Run now").click()
+        expect(page.get_by_role("status")).to_contain_text("Run requested")
+        (job_id,) = wait_until(
+            lambda: periodic_job_ids(engine, "hourly"), timeout=10, what="the requested run"
+        )
+        completed = wait_for_state(engine, job_id, JobState.COMPLETED)
+        assert completed.metadata_["periodic"]["run_now"] is True
+        page.reload()
+        expect(row.get_by_role("link", name=str(job_id))).to_be_visible()
+        expect(row.locator(".state")).to_have_text("completed")
+        expect(row).not_to_contain_text("pending")
+        expect(row.get_by_role("button", name="Run now")).to_be_visible()
+    assert done == ["hourly"]
+    assert len(periodic_job_ids(engine, "hourly")) == 1  # the schedule itself did not fire
+
+
 def test_a_job_whose_args_hold_a_script_shows_it_as_text(
     engine: Engine, base_url: str, page: Page
 ) -> None:
@@ -134,7 +190,7 @@ def test_reading_works_without_javascript(engine: Engine, base_url: str, browser
         page.get_by_role("button", name="Filter").click()
         page.get_by_role("link", name=str(job_id), exact=True).click()
         expect(page.locator("h1")).to_contain_text("dashboard_nojs")
-        for name in ("Sequences", "Workers"):
+        for name in ("Sequences", "Periodic", "Workers"):
             page.get_by_role("link", name=name, exact=True).click()
             expect(page.get_by_role("heading", level=1)).to_be_visible()
     finally:

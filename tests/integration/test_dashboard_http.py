@@ -5,6 +5,7 @@ mounted in FastAPI or behind a proxy prefix, on a sync or an async engine."""
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,7 @@ import sa_jobs
 from sa_jobs import JobState
 from sa_jobs.dashboard import basic_auth, create_app
 from sa_jobs.errors import InvalidOptionsError
+from sa_jobs.models import PeriodicState
 from tests.dashboard import DashboardClient, forms_posting
 from tests.factories import job_row, make_job, seconds
 
@@ -51,7 +53,7 @@ def discarded_job(engine: Engine, **options: Any) -> int:
 
 def test_every_page_renders_from_the_database(client: DashboardClient, engine: Engine) -> None:
     job_id = discarded_job(engine)
-    for path in ("/", "/jobs", f"/jobs/{job_id}", "/sequences", "/workers"):
+    for path in ("/", "/jobs", f"/jobs/{job_id}", "/sequences", "/periodic", "/workers"):
         response = client.get(path)
         assert response.status_code == 200, (path, response.text)
         assert response.headers["content-security-policy"].startswith("default-src 'none'")
@@ -292,3 +294,104 @@ def test_sa_jobs_insert_shows_up(client: DashboardClient, engine: Engine) -> Non
     page = client.get("/jobs?tag=greeting").text
     assert f'href="/jobs/{job_id}"' in page
     assert "&lt;world&gt;" in page
+
+
+# ---------------------------------------------------------------------- periodic jobs
+
+
+def periodic_row(engine: Engine, name: str, **values: Any) -> None:
+    """A periodic job's stored state, as a worker that has it in its code leaves it."""
+    from sqlalchemy import func, insert
+
+    row: dict[str, Any] = {
+        "name": name,
+        "schedule": "every 60s",
+        "next_run_at": func.now() + dt.timedelta(seconds=30),
+        "seen_at": func.now(),
+        **values,
+    }
+    with engine.begin() as connection:
+        connection.execute(insert(PeriodicState).values(row))
+
+
+def periodic_state(engine: Engine, name: str) -> PeriodicState:
+    from sqlalchemy.orm import Session
+
+    with Session(engine, expire_on_commit=False) as session:
+        found = session.get(PeriodicState, name)
+        assert found is not None
+        return found
+
+
+def test_the_periodic_page_shows_schedules_last_and_next_runs(
+    client: DashboardClient, engine: Engine
+) -> None:
+    last_job = make_job(engine, kind="nightly_report", state=JobState.COMPLETED)
+    periodic_row(
+        engine,
+        "nightly <report>",
+        schedule="0 3 * * * (Europe/Paris)",
+        last_run_at=dt.datetime(2026, 5, 4, 1, 0, tzinfo=dt.UTC),
+        last_job_id=last_job,
+    )
+    periodic_row(engine, "gone", seen_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC))
+    page = client.get("/periodic").text
+    assert "nightly &lt;report&gt;" in page  # escaped, like everything a user named
+    assert "0 3 * * * (Europe/Paris)" in page
+    assert "2026-05-04 01:00:00 UTC" in page
+    assert f'href="/jobs/{last_job}">{last_job}</a>' in page
+    assert "state-completed" in page
+    assert re.search(r"\(in (2\d|30)\.\d s\)", page)  # the next run, from the database's clock
+    # "gone" is in no running worker's code: seen months ago.
+    rows = {row.split("</td>")[0]: row for row in page.split("<tr>\n  <td>")[1:]}
+    assert "no worker has it" in rows["gone"]
+    assert "no worker has it" not in rows["nightly &lt;report&gt;"]
+    assert forms_posting(page) == ["/periodic/run", "/periodic/run"]
+
+
+def test_run_now_stores_a_request_through_run_now(client: DashboardClient, engine: Engine) -> None:
+    periodic_row(engine, "minutely")
+    response = client.act("/periodic/run", name="minutely")
+    assert response.status_code == 303
+    assert response.headers["location"] == "/periodic?notice=ran"
+    requested = periodic_state(engine, "minutely").run_now_requested_at
+    assert requested is not None
+    page = client.get("/periodic?notice=ran").text
+    assert "Run requested" in page and "pending" in page
+    assert forms_posting(page) == []  # one request is pending: no second button
+    assert client.act("/periodic/run", name="minutely").status_code == 303
+    assert periodic_state(engine, "minutely").run_now_requested_at == requested  # same one
+
+
+def test_run_now_refuses_unknown_names_missing_names_and_forged_forms(
+    client: DashboardClient, engine: Engine
+) -> None:
+    periodic_row(engine, "minutely")
+    unknown = client.act("/periodic/run", name="nope")
+    assert unknown.status_code == 404
+    assert "no periodic job named &#39;nope&#39;" in unknown.text
+    assert client.act("/periodic/run").status_code == 400
+    forged = client.post("/periodic/run", data={"name": "minutely"}, follow_redirects=False)
+    assert forged.status_code == 403
+    assert client.get("/periodic/run").status_code == 405
+    assert periodic_state(engine, "minutely").run_now_requested_at is None
+
+
+def test_read_only_shows_periodic_jobs_and_refuses_run_now(engine: Engine) -> None:
+    periodic_row(engine, "minutely")
+    with DashboardClient(create_app(engine, read_only=True)) as client:
+        page = client.get("/periodic").text
+        assert "<td>minutely</td>" in page
+        assert forms_posting(page) == []
+        assert client.act("/periodic/run", name="minutely").status_code == 403
+    assert periodic_state(engine, "minutely").run_now_requested_at is None
+
+
+def test_without_the_periodic_branch_the_page_and_run_now_say_so(core_only: Engine) -> None:
+    with DashboardClient(create_app(core_only)) as client:
+        page = client.get("/periodic")
+        assert page.status_code == 200
+        assert "sa_jobs_periodic" in page.text and "sa-jobs migrate" in page.text
+        refused = client.act("/periodic/run", name="minutely")
+        assert refused.status_code == 409
+        assert "sa_jobs_periodic" in refused.text and "not installed" in refused.text
