@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from importlib import metadata as _metadata
 
-from sa_jobs import errors
+from sa_jobs import errors, hooks
 from sa_jobs.args import KindRegistry, field, job_args
 from sa_jobs.complete import complete_in
 from sa_jobs.control import cancel_job, retry_job
@@ -16,6 +16,7 @@ from sa_jobs.convert import ArgsConverter
 from sa_jobs.enqueue import enqueue
 from sa_jobs.errors import SaJobsError
 from sa_jobs.health import Health, HealthThresholds, check_health
+from sa_jobs.hooks import add_insert_hook, remove_insert_hook
 from sa_jobs.insert import InsertManyParams, InsertResult, insert, insert_job, insert_many
 from sa_jobs.job_key import RemoveOutcome, remove_job
 from sa_jobs.models import Job, metadata
@@ -55,6 +56,7 @@ __all__ = [
     "Stats",
     "UniqueOpts",
     "Worker",
+    "add_insert_hook",
     "cancel_job",
     "check_health",
     "complete_in",
@@ -62,12 +64,14 @@ __all__ = [
     "enqueue",
     "errors",
     "field",
+    "hooks",
     "insert",
     "insert_job",
     "insert_many",
     "job_args",
     "metadata",
     "migrate",
+    "remove_insert_hook",
     "remove_job",
     "retry_job",
     "stats",

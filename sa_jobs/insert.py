@@ -32,6 +32,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.sql.dml import Insert
 
 from sa_jobs.errors import InvalidOptionsError, SchemaMissingError
+from sa_jobs.hooks import INSERT_HOOKS, InsertCall
 from sa_jobs.insert_statement import (
     build_insert,
     in_input_order,
@@ -232,8 +233,30 @@ def write_rows(
 
     ``run`` executes each statement and reads its rows. Consecutive rows of one kind of
     add (plain, unique or sequenced; or keyed with one mode) go together, so ids follow
-    input order.
+    input order. The process's insert hooks (:mod:`sa_jobs.hooks`) run around it.
     """
+    hooks = INSERT_HOOKS.active
+    if not hooks:
+        return _write_rows(connection, rows, run, batch_size)
+    call = InsertCall(hooks, rows)
+    call.begin()
+    try:
+        written = _write_rows(connection, rows, run, batch_size)
+    except BaseException as exc:
+        call.end(None, exc)
+        raise
+    call.end((_id_of(entry.returned), entry.action) for entry in written)
+    return written
+
+
+def _id_of(returned: Returned) -> int | None:
+    job = returned.job
+    return job.id if isinstance(job, Job) else job["id"]  # type: ignore[no-any-return]
+
+
+def _write_rows(
+    connection: Connection, rows: Sequence[JobRow], run: Run, batch_size: int
+) -> list[Written]:
     results: list[Written] = []
     with _noting_aborted_transaction(), translate_missing_schema():
         for mode, group in itertools.groupby(rows, key=_keyed_mode):

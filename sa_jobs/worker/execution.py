@@ -43,6 +43,7 @@ from sa_jobs.errors import (
     NoHandlerError,
     WorkerShutdownError,
 )
+from sa_jobs.hooks import AttemptResult, WorkHooks
 from sa_jobs.models import Job
 from sa_jobs.worker.handlers import Handler
 from sa_jobs.worker.retry import RetryPolicy, retry_delay
@@ -75,12 +76,19 @@ class Execution:
         retry_policy: RetryPolicy,
         settle: Settle,
         on_begin: Callable[[Execution], None] = lambda _execution: None,
+        hooks: WorkHooks | None = None,
     ) -> None:
         self.job = job
         self.handler = handler
         self.retry_policy = retry_policy
         self._settle = settle
         self._on_begin = on_begin
+        #: The worker's work hooks; None when it has none (the common, free case).
+        self.hooks = hooks
+        #: What the run was settled with (None: completed in the handler's session);
+        #: the exception the handler raised, if it raised. For the ``after_work`` hooks.
+        self.settled_with: Outcome | _Unsettled | None = UNSETTLED
+        self.raised: BaseException | None = None
         self._lock = threading.Lock()
         self._interrupt: Interrupt | None = None
         self._finishing = False
@@ -118,6 +126,8 @@ class Execution:
             timeout = self.timeout
             self.deadline = self.started + timeout if timeout is not None else None
         self._on_begin(self)
+        if self.hooks is not None:
+            self.hooks.before(self.job)
         return True
 
     # -- interruption, seen by the handler through the Job
@@ -166,6 +176,7 @@ class Execution:
         return self._finishing
 
     def settle(self, outcome: Outcome | None, *, by_runner: bool = True) -> None:
+        self.settled_with = outcome
         self._settle(self, outcome, by_runner)
 
     # -- outcomes (none of these raise)
@@ -192,6 +203,7 @@ class Execution:
 
     def outcome_for_exception(self, exc: BaseException) -> Outcome:
         """The outcome of a handler that raised ``exc``."""
+        self.raised = exc
         try:
             return self._outcome_for_exception(exc)
         except Exception as broken:  # an outcome must come out of any exception
@@ -244,6 +256,34 @@ class Execution:
             )
         return detail
 
+    def attempt_result(self) -> AttemptResult:
+        """How the attempt ended, for the ``after_work`` hooks (never raises)."""
+        duration = time.monotonic() - self.started if self.started is not None else 0.0
+        outcome = self.settled_with
+        if isinstance(outcome, _Unsettled):
+            # Settled by the watchdog, which claimed the run but has not written it yet.
+            outcome = self.outcome_for_interrupt(
+                self._interrupt or Interrupt.TIMEOUT, abandoned=True
+            )
+        if outcome is None:  # completed in the handler's own transaction
+            return AttemptResult(Ending.COMPLETED, duration)
+        job = self.job
+        return AttemptResult(
+            outcome.ending,
+            duration,
+            discarded=outcome.ending is Ending.FAILED and job.attempt >= job.max_attempts,
+            exception=self.raised if outcome.ending is not Ending.COMPLETED else None,
+            error=outcome.error.get("error") if outcome.error else None,
+            delay=outcome.delay,
+        )
+
+
+class _Unsettled(enum.Enum):
+    UNSETTLED = enum.auto()
+
+
+UNSETTLED = _Unsettled.UNSETTLED
+
 
 class _Superseded(Exception):
     """The run was settled by someone else (a timeout) before it could commit."""
@@ -268,6 +308,18 @@ def prepare(execution: Execution) -> Handler:
 
 def run_sync(execution: Execution, engine: Engine) -> None:
     """Run a sync handler in the calling (pool) thread and settle the execution."""
+    hooks = execution.hooks
+    if hooks is None:
+        _run_sync(execution, engine)
+        return
+    try:
+        _run_sync(execution, engine)
+    finally:
+        if execution.started is not None:  # begin() ran the before_work hooks
+            hooks.after(execution.job, execution.attempt_result())
+
+
+def _run_sync(execution: Execution, engine: Engine) -> None:
     if not execution.begin():
         return
     claimed = False
@@ -309,6 +361,18 @@ def _sync_result(result: object) -> None:
 
 async def run_async(execution: Execution, async_engine: Callable[[], AsyncEngine]) -> None:
     """Run an async handler as a task on the worker's loop and settle the execution."""
+    hooks = execution.hooks
+    if hooks is None:
+        await _run_async(execution, async_engine)
+        return
+    try:
+        await _run_async(execution, async_engine)
+    finally:
+        if execution.started is not None:  # begin() ran the before_work hooks
+            hooks.after(execution.job, execution.attempt_result())
+
+
+async def _run_async(execution: Execution, async_engine: Callable[[], AsyncEngine]) -> None:
     task = asyncio.current_task()
     assert task is not None
     if not execution.begin():

@@ -20,6 +20,7 @@ from sqlalchemy import Engine
 
 from sa_jobs.complete import Outcome
 from sa_jobs.errors import SchemaMissingError
+from sa_jobs.hooks import WorkHook, WorkHooks
 from sa_jobs.models import Job
 from sa_jobs.periodic.definition import PeriodicJob
 from sa_jobs.schema import PERIODIC_BRANCH, Features
@@ -60,6 +61,7 @@ class RunSettings(Protocol):
     stuck_thread_limit: int
     listen: ListenOptions
     periodic: list[PeriodicJob]
+    hooks: list[WorkHook]
 
     @property
     def completer_kind(self) -> Literal["batch", "inline"]: ...
@@ -121,6 +123,7 @@ class WorkerRun:
         worker = self.worker
         engines = worker.engines
         handlers = worker.handlers.all()
+        self.hooks = WorkHooks(worker.hooks) if worker.hooks else None
         # A derived or passed engine is checked before anything else uses it.
         two_engines = engines.sync is not engines.given
         async_sessions = any(h.is_async and h.wants_session for h in handlers)
@@ -252,7 +255,12 @@ class WorkerRun:
     def _dispatch(self, job: Job[Any]) -> None:
         handler = self.worker.handlers.find(job.kind)
         execution = Execution(
-            job, handler, self.worker.retry_policy, self._settled, on_begin=self.watchdog.watch
+            job,
+            handler,
+            self.worker.retry_policy,
+            self._settled,
+            on_begin=self.watchdog.watch,
+            hooks=self.hooks,
         )
         with self._lock:
             self._executions[job.id] = execution

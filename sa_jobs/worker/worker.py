@@ -27,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
 from sa_jobs.errors import InvalidOptionsError
+from sa_jobs.hooks import WorkHook, WorkHooks
 from sa_jobs.models import Job
 from sa_jobs.option_checks import check_queue, check_timeout
 from sa_jobs.options import UNSET
@@ -108,6 +109,9 @@ class Worker:
             cancel requests at each heartbeat. Without either option, a listen
             connection that receives no notification (a transaction pooler) makes the
             worker poll with a warning. See ``docs/operations.md``.
+        hooks: Work hooks (:class:`sa_jobs.hooks.WorkHook`) called around every
+            attempt, in this order; more with :meth:`add_hook`. See
+            ``docs/observability.md``.
     """
 
     def __init__(
@@ -128,6 +132,7 @@ class Worker:
         listen_engine: Engine | URL | str | None = None,
         poll_only: bool = False,
         periodic: Iterable[PeriodicJob] = (),
+        hooks: Iterable[WorkHook] = (),
     ) -> None:
         #: The periodic jobs this process fires (checked: distinct names).
         self.periodic: list[PeriodicJob] = check_periodic_jobs(periodic)
@@ -165,6 +170,10 @@ class Worker:
         if stuck_thread_limit is not None:
             self.stuck_thread_limit = stuck_thread_limit
         self._lifecycle = threading.Lock()
+        #: Work hooks, in the order their ``before_work`` is called.
+        self.hooks: list[WorkHook] = []
+        for hook in hooks:
+            self.add_hook(hook)
 
     @property
     def queues(self) -> dict[str, int]:
@@ -210,6 +219,18 @@ class Worker:
             return function
 
         return cast(Register[A], register)
+
+    def add_hook(self, hook: WorkHook) -> None:
+        """Call ``hook`` around every attempt, after the hooks added before it.
+
+        Raises:
+            InvalidOptionsError: ``hook`` lacks ``before_work`` or ``after_work``, or
+                the worker is running (stop() it first).
+        """
+        WorkHooks.check(hook)
+        if self._run is not None:
+            raise InvalidOptionsError("hooks", "cannot be added while the worker runs; stop() it")
+        self.hooks.append(hook)
 
     def _async_session_problem(self) -> str | None:
         return self.engines.async_problem
