@@ -10,6 +10,7 @@ from importlib import metadata as _metadata
 
 from sa_jobs import errors, hooks
 from sa_jobs.args import KindRegistry, field, job_args
+from sa_jobs.bulk import BulkResult, cancel_jobs, delete_jobs, retry_jobs
 from sa_jobs.complete import complete_in
 from sa_jobs.control import cancel_job, retry_job
 from sa_jobs.convert import ArgsConverter
@@ -23,6 +24,7 @@ from sa_jobs.models import Job, metadata
 from sa_jobs.options import InsertOptions, InsertOpts, JobKeyMode, SequenceOpts, UniqueOpts
 from sa_jobs.periodic import PeriodicJob
 from sa_jobs.queue_stats import Stats, stats
+from sa_jobs.queues import QueueState, pause_queue, queue_states, resume_queue
 from sa_jobs.schema import downgrade, migrate
 from sa_jobs.states import InsertAction, JobState
 from sa_jobs.worker import ExponentialRetry, MaintenanceConfig, Retention, RetryPolicy, Worker
@@ -34,6 +36,7 @@ except _metadata.PackageNotFoundError:  # imported from a checkout that was neve
 
 __all__ = [
     "ArgsConverter",
+    "BulkResult",
     "ExponentialRetry",
     "Health",
     "HealthThresholds",
@@ -48,6 +51,7 @@ __all__ = [
     "KindRegistry",
     "MaintenanceConfig",
     "PeriodicJob",
+    "QueueState",
     "RemoveOutcome",
     "Retention",
     "RetryPolicy",
@@ -58,8 +62,10 @@ __all__ = [
     "Worker",
     "add_insert_hook",
     "cancel_job",
+    "cancel_jobs",
     "check_health",
     "complete_in",
+    "delete_jobs",
     "downgrade",
     "enqueue",
     "errors",
@@ -71,8 +77,12 @@ __all__ = [
     "job_args",
     "metadata",
     "migrate",
+    "pause_queue",
+    "queue_states",
     "remove_insert_hook",
     "remove_job",
+    "resume_queue",
     "retry_job",
+    "retry_jobs",
     "stats",
 ]

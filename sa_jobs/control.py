@@ -1,17 +1,22 @@
 """Acting on jobs from outside the worker: cancel and retry, in the caller's transaction.
 
 Both take a session and run in its transaction, like the insert paths, so an
-application can cancel a job together with the change that made it pointless.
+application can cancel a job together with the change that made it pointless. The
+transitions are written once, for a list of ids: :func:`cancel_job` and
+:func:`retry_job` apply them to one job, :mod:`sa_jobs.bulk` to a batch.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Text, case, func, literal, null, select, update
+from sqlalchemy import Text, bindparam, case, func, literal, null, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.expression import ColumnElement
 
 from sa_jobs import sequence
 from sa_jobs.errors import JobNotFoundError, JobStateError, UniqueConflictError
@@ -20,7 +25,7 @@ from sa_jobs.schema import CONTROL_CHANNEL, Features
 from sa_jobs.sessions import either_session
 from sa_jobs.states import CANCEL_ATTEMPTED_KEY, FINAL_STATES, JobState
 
-__all__ = ["cancel_job", "retry_job"]
+__all__ = ["cancel_ids", "cancel_job", "retry_ids", "retry_job", "retry_one"]
 
 _FINAL = [state.value for state in FINAL_STATES]
 #: retry_job does not touch these: running needs a cancel first; available is retried
@@ -40,11 +45,26 @@ def cancel_job(session: Session, job_id: int) -> Job[Any]:
     Raises:
         JobNotFoundError: no such job.
     """
+    cancel_ids(session, [job_id])
+    return _reload(session, job_id)
+
+
+def cancel_ids(
+    session: Session, job_ids: Sequence[int], *where: ColumnElement[bool]
+) -> list[tuple[int, JobState]]:
+    """Cancel these jobs, as :func:`cancel_job` cancels one (and :func:`sa_jobs.cancel_jobs`
+    a batch); ``where`` narrows them further, checked on each row's latest version.
+
+    Returns:
+        ``(id, state)`` of every job changed: ``running`` for a cancel request.
+    """
+    if not job_ids:
+        return []
     connection = session.connection()
     features = Features.of(connection)
     if features.sequence:
         # Sequence locks before row locks, in the order inserters take them.
-        sequence.lock_sequences_of_jobs(connection, [job_id])
+        sequence.lock_sequences_of_jobs(connection, job_ids)
     running = Job.state == JobState.RUNNING
     values: dict[str, Any] = {
         # A running job stays running until its worker ends the run.
@@ -57,16 +77,27 @@ def cancel_job(session: Session, job_id: int) -> Job[Any]:
         values["job_key"] = case((running, Job.job_key), else_=null())
     statement = (
         update(Job)
-        .where(Job.id == job_id, Job.state.not_in(_FINAL))
+        .where(Job.id.in_(job_ids), Job.state.not_in(_FINAL), *where)
         .values(values)
         .returning(Job.id, Job.state)
+        .execution_options(synchronize_session="fetch")
     )
-    changed = session.execute(statement).one_or_none()
-    if changed is not None and changed.state is JobState.RUNNING:
-        session.execute(select(func.pg_notify(CONTROL_CHANNEL, json.dumps({"cancel": job_id}))))
-    elif changed is not None and features.sequence:
-        sequence.advance_sequences(connection, [job_id])
-    return _reload(session, job_id)
+    changed = [(row.id, row.state) for row in session.execute(statement)]
+    requested = [job_id for job_id, state in changed if state is JobState.RUNNING]
+    if requested:
+        _notify_cancel(session, requested)
+    stopped = [job_id for job_id, state in changed if state is not JobState.RUNNING]
+    if stopped and features.sequence:
+        sequence.advance_sequences(connection, stopped)
+    return changed
+
+
+def _notify_cancel(session: Session, job_ids: Sequence[int]) -> None:
+    """Tell the workers running these jobs (one statement, one notification per job)."""
+    payloads = [json.dumps({"cancel": job_id}) for job_id in job_ids]
+    each = func.unnest(bindparam("sa_jobs_cancel_payloads", payloads, type_=ARRAY(Text)))
+    payload = each.table_valued("payload").render_derived(name="cancels")
+    session.execute(select(func.count(func.pg_notify(CONTROL_CHANNEL, payload.c.payload))))
 
 
 @either_session
@@ -84,7 +115,17 @@ def retry_job(session: Session, job_id: int) -> Job[Any]:
         UniqueConflictError: the job is unique and another job now holds its key.
         JobNotFoundError: no such job.
     """
-    values: dict[str, Any] = {
+    if not retry_one(session, job_id):
+        job = _reload(session, job_id)
+        if job.state is JobState.AVAILABLE:
+            return job  # already waiting to run: nothing to do
+        allowed = [state.value for state in JobState if state is not JobState.RUNNING]
+        raise JobStateError(job_id, job.state.value, "retry", allowed)
+    return _reload(session, job_id)
+
+
+def _retry_values() -> dict[str, Any]:
+    return {
         "state": JobState.AVAILABLE,
         "scheduled_at": func.least(Job.scheduled_at, func.now()),
         "finalized_at": null(),
@@ -93,6 +134,16 @@ def retry_job(session: Session, job_id: int) -> Job[Any]:
         ),
         "metadata_": Job.metadata_.op("-")(literal(CANCEL_ATTEMPTED_KEY)),
     }
+
+
+def retry_one(session: Session, job_id: int, *where: ColumnElement[bool]) -> bool:
+    """Retry one job as :func:`retry_job` does (sequence rules included), in a savepoint;
+    whether it changed (False: running, available, gone, or not matching ``where``).
+
+    Raises:
+        UniqueConflictError: the job is unique and another job now holds its key.
+    """
+    values = _retry_values()
     try:
         # A savepoint, so a unique conflict leaves the caller's transaction usable.
         with session.begin_nested():
@@ -101,22 +152,69 @@ def retry_job(session: Session, job_id: int) -> Job[Any]:
                 values.update(sequence.retry_values(connection, job_id))
             statement = (
                 update(Job)
-                .where(Job.id == job_id, Job.state.not_in(_LEFT_ALONE))
+                .where(Job.id == job_id, Job.state.not_in(_LEFT_ALONE), *where)
                 .values(values)
                 .returning(Job.id)
+                .execution_options(synchronize_session="fetch")
             )
             retried = session.execute(statement).one_or_none()
     except IntegrityError as exc:
         if str(unique_index.name) not in str(exc.orig):
             raise
         raise UniqueConflictError(job_id, _unique_key_holder(session, job_id)) from None
-    if retried is None:
-        job = _reload(session, job_id)
-        if job.state is JobState.AVAILABLE:
-            return job  # already waiting to run: nothing to do
-        allowed = [state.value for state in JobState if state is not JobState.RUNNING]
-        raise JobStateError(job_id, job.state.value, "retry", allowed)
-    return _reload(session, job_id)
+    return retried is not None
+
+
+def retry_ids(
+    session: Session, job_ids: Sequence[int], *where: ColumnElement[bool]
+) -> tuple[list[int], list[int]]:
+    """Retry these jobs as :func:`retry_job` retries one; ``where`` narrows them further.
+
+    Jobs outside any sequence are retried by one statement; should it meet a unique
+    conflict, and for every sequenced job (whose slot is decided job by job, in id
+    order, as :func:`~sa_jobs.sequence.retry_values` does), one job at a time.
+
+    Returns:
+        The ids retried, and those left as they were because another job holds their
+        unique key.
+    """
+    if not job_ids:
+        return [], []
+    connection = session.connection()
+    one_by_one: list[int] = []
+    plain = list(job_ids)
+    if Features.of(connection).sequence:
+        sequenced = set(
+            session.scalars(
+                select(Job.id).where(Job.id.in_(job_ids), Job.sequence_key.is_not(None))
+            )
+        )
+        plain = [job_id for job_id in job_ids if job_id not in sequenced]
+        one_by_one = sorted(sequenced)
+    retried: list[int] = []
+    if plain:
+        statement = (
+            update(Job)
+            .where(Job.id.in_(plain), Job.state.not_in(_LEFT_ALONE), *where)
+            .values(_retry_values())
+            .returning(Job.id)
+            .execution_options(synchronize_session="fetch")
+        )
+        try:
+            with session.begin_nested():
+                retried.extend(session.scalars(statement))
+        except IntegrityError as exc:
+            if str(unique_index.name) not in str(exc.orig):
+                raise
+            one_by_one = sorted([*plain, *one_by_one])
+    conflicts: list[int] = []
+    for job_id in one_by_one:
+        try:
+            if retry_one(session, job_id, *where):
+                retried.append(job_id)
+        except UniqueConflictError:
+            conflicts.append(job_id)
+    return sorted(retried), conflicts
 
 
 def _unique_key_holder(session: Session, job_id: int) -> int | None:

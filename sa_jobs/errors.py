@@ -25,11 +25,24 @@ class InvalidJobArgsError(SaJobsError, ValueError):
 class UnknownKindError(SaJobsError, LookupError):
     """A kind string names no registered job args class."""
 
-    def __init__(self, kind: str) -> None:
+    def __init__(self, kind: str, message: str | None = None) -> None:
         self.kind = kind
         super().__init__(
-            f"no job args class is registered for kind {kind!r}; decorate a class with "
+            message
+            or f"no job args class is registered for kind {kind!r}; decorate a class with "
             f"@sa_jobs.job_args(kind={kind!r}) and make sure its module is imported"
+        )
+
+
+class UnknownQueueError(SaJobsError, LookupError):
+    """A queue named in a queue control or a job filter is known to nothing: no job is in
+    it, no worker serves it, and it was never paused (a misspelt name, most likely)."""
+
+    def __init__(self, queue: str, hint: str = "") -> None:
+        self.queue = queue
+        super().__init__(
+            f"no job, worker or queue control names queue {queue!r}; check its spelling"
+            + (f" ({hint})" if hint else "")
         )
 
 

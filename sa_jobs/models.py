@@ -43,7 +43,7 @@ from sqlalchemy.sql.expression import ColumnElement, FromClause
 from sa_jobs.args import JobKind, default_registry
 from sa_jobs.states import FINAL_STATES, InsertAction, JobState
 
-__all__ = ["Base", "Job", "Leader", "PeriodicState", "WorkerProcess", "metadata"]
+__all__ = ["Base", "Job", "JobQueue", "Leader", "PeriodicState", "WorkerProcess", "metadata"]
 
 #: Include this in your Alembic ``target_metadata`` (as a list entry) so autogenerate
 #: knows sa_jobs' tables are expected and leaves them alone.
@@ -477,3 +477,23 @@ class PeriodicState(Base):
     created_at: Mapped[dt.datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now()
     )
+
+
+class JobQueue(Base):
+    """A queue's controls (the ``sa_jobs_queue`` branch): a row exists once a queue was
+    paused, and stays after it is resumed, so later per-queue settings have a home.
+
+    A queue without a row is simply active: queues are made by the jobs put in them.
+    """
+
+    __tablename__ = "sa_job_queue"
+
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    #: Set while the queue is paused: no worker fetches from it (the fetch statement
+    #: itself checks), inserts still succeed, running jobs finish.
+    paused_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    updated_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+
+    __table_args__ = (CheckConstraint("char_length(name) BETWEEN 1 AND 128", name="name_length"),)

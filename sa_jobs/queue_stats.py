@@ -47,7 +47,7 @@ from sqlalchemy.orm import Session
 
 from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.health import Health, HealthThresholds, read_health
-from sa_jobs.models import Leader, WorkerProcess, job_table
+from sa_jobs.models import JobQueue, Leader, WorkerProcess, job_table
 from sa_jobs.schema import Features
 from sa_jobs.sequence import halts_sequence
 from sa_jobs.sessions import either_session
@@ -87,8 +87,8 @@ class QueueStats:
             exact limit).
         oldest_available_age: How long the longest-waiting ``available`` job has been
             due; None when none is available.
-        paused: Reserved for queue controls (pause/resume): None while this
-            installation has none.
+        paused: Whether the queue is paused (:func:`sa_jobs.pause_queue`); None without
+            the ``sa_jobs_queue`` branch, where nothing can be paused.
     """
 
     name: str
@@ -249,6 +249,11 @@ def _sampled_counts(
     return found
 
 
+def _paused_queues(connection: Connection) -> set[str]:
+    """The queues paused now (the ``sa_jobs_queue`` branch's table)."""
+    return set(connection.scalars(select(JobQueue.name).where(JobQueue.paused_at.is_not(None))))
+
+
 def _finished_counts(
     connection: Connection, limit: int
 ) -> tuple[dict[JobState, Counter[str]], frozenset[JobState]]:
@@ -404,12 +409,16 @@ def stats(
     for state, per_queue in finished.items():
         for queue, n in per_queue.items():
             counts.setdefault(queue, {})[state] = n
+    paused = _paused_queues(connection) if features.queue else None
+    for name in paused or ():
+        counts.setdefault(name, {})  # a paused queue shows even with no jobs
     queues = {
         name: QueueStats(
             name=name,
             counts={state: counts[name].get(state, 0) for state in JobState},
             estimated=frozenset(s for s in estimated if counts[name].get(s)),
             oldest_available_age=oldest.get(name),
+            paused=None if paused is None else name in paused,
         )
         for name in sorted(counts)
     }

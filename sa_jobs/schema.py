@@ -18,7 +18,7 @@ from pathlib import Path
 import attrs
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, event, func, select, text
+from sqlalchemy import Connection, Engine, column, event, func, select, text
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -32,8 +32,16 @@ UNIQUE_BRANCH = "sa_jobs_unique"
 SEQUENCE_BRANCH = "sa_jobs_sequence"
 JOB_KEY_BRANCH = "sa_jobs_job_key"
 PERIODIC_BRANCH = "sa_jobs_periodic"
+QUEUE_BRANCH = "sa_jobs_queue"
 #: Every branch label, in the order ``sa-jobs migrate`` lists them.
-BRANCHES = (CORE_BRANCH, UNIQUE_BRANCH, SEQUENCE_BRANCH, JOB_KEY_BRANCH, PERIODIC_BRANCH)
+BRANCHES = (
+    CORE_BRANCH,
+    UNIQUE_BRANCH,
+    SEQUENCE_BRANCH,
+    JOB_KEY_BRANCH,
+    PERIODIC_BRANCH,
+    QUEUE_BRANCH,
+)
 
 #: A column each feature branch adds to ``sa_job``, to tell whether it is installed.
 _BRANCH_MARKER_COLUMNS = {
@@ -42,15 +50,17 @@ _BRANCH_MARKER_COLUMNS = {
     JOB_KEY_BRANCH: "job_key",
 }
 
-#: A table each feature branch that adds tables (not columns of sa_job) creates.
-_BRANCH_MARKER_TABLES = {PERIODIC_BRANCH: "sa_job_periodic"}
+#: A table each feature branch that adds tables (not columns of sa_job) creates, to tell
+#: whether it is installed.
+_BRANCH_MARKER_TABLES = {PERIODIC_BRANCH: "sa_job_periodic", QUEUE_BRANCH: "sa_job_queue"}
 
 #: Columns added by later revisions of a branch: a database without them has the branch,
 #: but not at its head.
 _LATER_COLUMNS = {"run_count": CORE_BRANCH, "revision": JOB_KEY_BRANCH}
 
 #: NOTIFY channels: new due jobs (payload: the queue; sent by the insert trigger the core
-#: migration installs, and by maintenance), and control messages (``{"cancel": id}``).
+#: migration installs, and by maintenance), and control messages (``{"cancel": id}``,
+#: ``{"pause": queue}``, ``{"resume": queue}``).
 INSERT_CHANNEL = "sa_jobs_insert"
 CONTROL_CHANNEL = "sa_jobs_control"
 
@@ -131,7 +141,8 @@ def _locked_connection(bind: Engine | Connection) -> Iterator[Connection]:
 
 
 def installed_branches(connection: Connection) -> frozenset[str]:
-    """Which of sa_jobs' branches the database has (read from the table's columns)."""
+    """Which of sa_jobs' branches the database has (read from the job table's columns
+    and the tables beside it)."""
     columns = set(
         connection.scalars(
             select(text("column_name"))
@@ -145,7 +156,10 @@ def installed_branches(connection: Connection) -> frozenset[str]:
         connection.scalars(
             select(text("table_name"))
             .select_from(text("information_schema.tables"))
-            .where(text("table_schema = current_schema()"))
+            .where(
+                text("table_schema = current_schema()"),
+                column("table_name").in_(list(_BRANCH_MARKER_TABLES.values())),
+            )
         )
     )
     return frozenset(
@@ -164,6 +178,8 @@ class Features:
     sequence: bool = False
     job_key: bool = False
     periodic: bool = False
+    #: Queue controls (pause/resume): the ``sa_job_queue`` table.
+    queue: bool = False
 
     @classmethod
     def from_branches(cls, branches: frozenset[str]) -> Features:
@@ -172,6 +188,7 @@ class Features:
             sequence=SEQUENCE_BRANCH in branches,
             job_key=JOB_KEY_BRANCH in branches,
             periodic=PERIODIC_BRANCH in branches,
+            queue=QUEUE_BRANCH in branches,
         )
 
     @classmethod
@@ -194,7 +211,7 @@ class Features:
 
 
 #: Every feature: what ``sa-jobs migrate`` installs.
-ALL_FEATURES = Features(unique=True, sequence=True, job_key=True, periodic=True)
+ALL_FEATURES = Features(unique=True, sequence=True, job_key=True, periodic=True, queue=True)
 #: The core alone.
 NO_FEATURES = Features()
 

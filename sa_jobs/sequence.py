@@ -34,6 +34,7 @@ from sqlalchemy import (
     BigInteger,
     Connection,
     Integer,
+    LargeBinary,
     Select,
     Text,
     and_,
@@ -65,6 +66,7 @@ __all__ = [
     "lock_keys_of_jobs",
     "lock_sequences_of_jobs",
     "passes_slot_on",
+    "promote_after_delete",
     "promote_next",
     "retry_values",
     "sequence_values",
@@ -289,6 +291,20 @@ def advance_sequences(connection: Connection, job_ids: Sequence[int]) -> int:
         return 0
     lock_sequences_of_jobs(connection, job_ids)
     promoted, _ = connection.execute(jobs_advance_sequences(job_ids)).one()
+    return int(promoted)
+
+
+def promote_after_delete(connection: Connection, keys: Sequence[bytes]) -> int:
+    """Slot holders of these sequences were deleted (under their locks, in this
+    transaction): give each slot to its lowest pending job. Returns promotions.
+
+    A deleted job, halted or active, no longer holds its sequence back.
+    """
+    if not keys:
+        return 0
+    each = func.unnest(bindparam("sa_jobs_released_keys", list(keys), type_=ARRAY(LargeBinary)))
+    released = each.table_valued("sequence_key").render_derived(name="released_slots")
+    promoted, _ = connection.execute(promote_next(released)).one()
     return int(promoted)
 
 

@@ -1,5 +1,5 @@
-"""The ``sa-jobs`` command line: migrate, work, jobs list|show|retry|cancel, stats, health,
-periodic list, bench, dashboard, demo.
+"""The ``sa-jobs`` command line: migrate, work, jobs, queue, periodic list, stats, health,
+bench, dashboard, demo.
 
 Every command returns an exit code from :func:`main`; expected failures (no such job,
 a job in the wrong state, an unreachable database, a missing schema) print one line to
@@ -22,7 +22,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, Operati
 
 import sa_jobs
 from sa_jobs import demo
-from sa_jobs.cli import bench, dashboard, jobs, migrate, periodic, settings, stats, work
+from sa_jobs.cli import bench, dashboard, jobs, migrate, periodic, queues, settings, stats, work
 from sa_jobs.cli.common import CommandError, Parser, first_line
 from sa_jobs.devdb import Server, normalize_url
 from sa_jobs.errors import SaJobsError
@@ -89,6 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     jobs.add_commands(commands, common)
     stats.add_commands(commands, common)
     periodic.add_commands(commands, common)
+    queues.add_command(commands, common)
     bench.add_command(commands, common)
     dashboard.add_command(commands, common)
     tour = commands.add_parser(

@@ -1,9 +1,10 @@
-"""``sa-jobs jobs list|show|retry|cancel``: looking at jobs and acting on them.
+"""``sa-jobs jobs list|show|retry|cancel|delete``: looking at jobs and acting on them.
 
 Each command opens one session on ``--url`` (or ``$SA_JOBS_DATABASE_URL`` /
-``$DATABASE_URL``); ``retry`` and ``cancel`` run :func:`sa_jobs.retry_job` /
+``$DATABASE_URL``); ``retry ID`` and ``cancel ID`` run :func:`sa_jobs.retry_job` /
 :func:`sa_jobs.cancel_job` in a transaction of their own and print the state the job
-is left in.
+is left in. With a filter instead of an id, ``retry``, ``cancel`` and ``delete`` act on
+every job it matches, a transaction per batch (:mod:`sa_jobs.cli.bulk`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from sqlalchemy import inspect, select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import Session
 
-from sa_jobs.cli import settings
-from sa_jobs.cli.common import engine_from, format_table
+from sa_jobs.cli import bulk, settings
+from sa_jobs.cli.common import UsageError, engine_from, format_table
 from sa_jobs.control import cancel_job, retry_job
 from sa_jobs.errors import JobNotFoundError
 from sa_jobs.models import Job
@@ -63,14 +64,28 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     listing.set_defaults(run=_list, settings=SETTINGS)
 
+    show = actions.add_parser(
+        "show", parents=[common], help="every column of one job, its args and its errors"
+    )
+    show.add_argument("id", type=_job_id, metavar="ID", help="the job's id")
+    show.set_defaults(run=_show, settings=SETTINGS)
+
     for name, run, text in (
-        ("show", _show, "every column of one job, its args and its errors with traces"),
-        ("retry", _retry, "make a job run again now (any state but running)"),
-        ("cancel", _cancel, "cancel a job (a running one is interrupted by its worker)"),
+        ("retry", _retry, "make a job, or every job a filter matches, run again now"),
+        ("cancel", _cancel, "cancel a job, or every job a filter matches"),
     ):
         action = actions.add_parser(name, parents=[common], help=text)
-        action.add_argument("id", type=_job_id, metavar="ID", help="the job's id")
+        action.add_argument(
+            "id", type=_job_id, nargs="?", metavar="ID", help="the job's id (or a filter)"
+        )
+        bulk.add_filter_options(action, name)
         action.set_defaults(run=run, settings=SETTINGS)
+
+    deleting = actions.add_parser(
+        "delete", parents=[common], help="delete every job a filter matches (never running ones)"
+    )
+    bulk.add_filter_options(deleting, "delete")
+    deleting.set_defaults(run=_delete, settings=SETTINGS)
 
 
 #: Job ids are bigint: 1 to 2**63 - 1.
@@ -219,7 +234,33 @@ def _timestamp(value: dt.datetime) -> str:
 # ---------------------------------------------------------------------- retry, cancel
 
 
+def _filtered(options: argparse.Namespace, operation: str) -> int:
+    engine = engine_from(options)
+    try:
+        result = bulk.run_filtered(engine, operation, options)
+    finally:
+        engine.dispose()
+    print(bulk.describe(operation, result))
+    return 0
+
+
+def _one_or_filtered(options: argparse.Namespace, operation: str) -> int | None:
+    """Run the filtered form if no id was given; None: the single-job form runs."""
+    if options.id is None:
+        return _filtered(options, operation)
+    if bulk.has_filter(options):
+        raise UsageError(f"jobs {operation} takes a job id or a filter, not both")
+    return None
+
+
+def _delete(options: argparse.Namespace) -> int:
+    return _filtered(options, "delete")
+
+
 def _retry(options: argparse.Namespace) -> int:
+    filtered = _one_or_filtered(options, "retry")
+    if filtered is not None:
+        return filtered
     with _session(options) as session, session.begin():
         job = retry_job(session, options.id)
         message = f"job {job.id}: {job.state.value} (attempt {job.attempt}/{job.max_attempts})"
@@ -228,6 +269,9 @@ def _retry(options: argparse.Namespace) -> int:
 
 
 def _cancel(options: argparse.Namespace) -> int:
+    filtered = _one_or_filtered(options, "cancel")
+    if filtered is not None:
+        return filtered
     with _session(options) as session, session.begin():
         job = cancel_job(session, options.id)
         state = job.state

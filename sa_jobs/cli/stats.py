@@ -149,7 +149,7 @@ def format_stats(found: Stats) -> str:
     header = ("queue", *(state.value for state in states), "oldest available")
     rows = [
         (
-            queue.name,
+            f"{queue.name} (paused)" if queue.paused else queue.name,
             *(_count(queue.counts[s], s in queue.estimated) for s in states),
             _age(queue.oldest_available_age),
         )

@@ -38,6 +38,7 @@ from sqlalchemy.orm import Session, scoped_session
 
 from sa_jobs.complete import Outcome, complete_in, finish_in
 from sa_jobs.models import Job
+from sa_jobs.queues import queue_not_paused
 from sa_jobs.schema import Features
 from sa_jobs.states import JobState
 from sa_jobs.worker.execution import Execution, prepare
@@ -275,13 +276,16 @@ class _Runner:
             SequenceRepair().run_once(connection)
         # The queue of the job that runs next across all queues (the worker's fetch takes
         # one queue at a time); locked so the fetch below takes that very job.
+        due = [
+            Job.state == JobState.AVAILABLE,
+            Job.queue.in_(self.queues),
+            Job.scheduled_at <= func.now(),
+        ]
+        if features.queue:
+            due.append(queue_not_paused(Job.queue))  # as the fetch below skips them
         queue = session.scalar(
             select(Job.queue)
-            .where(
-                Job.state == JobState.AVAILABLE,
-                Job.queue.in_(self.queues),
-                Job.scheduled_at <= func.now(),
-            )
+            .where(*due)
             .order_by(Job.priority, Job.scheduled_at, Job.id)
             .limit(1)
             .with_for_update(skip_locked=True)

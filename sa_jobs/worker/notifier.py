@@ -2,9 +2,11 @@
 
 Channels: ``sa_jobs_insert`` (payload: a queue name; sent by the insert trigger and the
 scheduler) and ``sa_jobs_control`` (payload: JSON such as ``{"cancel": 42}``, sent by
-:func:`sa_jobs.cancel_job`). Notifications are a shortcut, never the only path: producers
-also poll, and the worker also looks for cancel requests in running jobs' metadata, so a
-notification lost while the connection was down delays work but never loses it.
+:func:`sa_jobs.cancel_job`, or ``{"pause": "mail"}`` / ``{"resume": "mail"}``, sent by
+:func:`sa_jobs.pause_queue` / :func:`sa_jobs.resume_queue`). Notifications are a
+shortcut, never the only path: producers also poll, and the worker also looks for cancel
+requests in running jobs' metadata, so a notification lost while the connection was down
+delays work but never loses it.
 
 The connection comes from the worker's own engine — its pool, its ``creator``, its
 ``connect_args``, its ``connect`` events — or from ``Worker(listen_engine=...)``, and is
@@ -274,6 +276,7 @@ class Notifier(Service):
         on_cancel: Callable[[int], object],
         on_connect: Callable[[], None],
         stopping: threading.Event,
+        on_queue_control: Callable[[str, bool], None] = lambda queue, paused: None,
         listen: ListenOptions | None = None,
         poll_interval: float = 1.0,
         heartbeat_interval: float = 5.0,
@@ -285,6 +288,7 @@ class Notifier(Service):
         self._on_queue = on_queue
         self._on_cancel = on_cancel
         self._on_connect = on_connect
+        self._on_queue_control = on_queue_control
         self._polling = (
             f"the worker polls for new jobs every {poll_interval:g} s and finds cancel "
             f"requests at its heartbeat (every {heartbeat_interval:g} s)"
@@ -408,10 +412,16 @@ class Notifier(Service):
         if channel == INSERT_CHANNEL:
             self._on_queue(payload)
             return
-        try:
+        message: Any = None
+        with contextlib.suppress(ValueError):
             message = json.loads(payload)
-            job_id = int(message["cancel"])
-        except (ValueError, KeyError, TypeError):
+        if not isinstance(message, dict):
             log.warning("ignoring malformed control message %r", payload)
-            return
-        self._on_cancel(job_id)
+        elif isinstance(message.get("cancel"), int):
+            self._on_cancel(message["cancel"])
+        elif isinstance(message.get("pause"), str):
+            self._on_queue_control(message["pause"], True)
+        elif isinstance(message.get("resume"), str):
+            self._on_queue_control(message["resume"], False)
+        else:
+            log.warning("ignoring malformed control message %r", payload)

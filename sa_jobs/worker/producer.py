@@ -31,6 +31,7 @@ from sqlalchemy.sql.dml import ReturningUpdate
 
 from sa_jobs.error_records import describe
 from sa_jobs.models import CORE_COLUMNS, Job
+from sa_jobs.queues import queue_not_paused
 from sa_jobs.schema import NO_FEATURES, Features
 from sa_jobs.states import JobState
 from sa_jobs.worker.backoff import is_transient
@@ -54,15 +55,16 @@ def jobs_fetch_available(features: Features = NO_FEATURES) -> ReturningUpdate[An
     at execution. With the unique branch installed, jobs whose lock lasts only until they
     start (Faktory's ``unique_until: start``) give up their key here, for good. With the
     sequence branch, the jobs come back with their ``sequence_key``, so finishing a job
-    that is not in a sequence can skip the sequence bookkeeping.
+    that is not in a sequence can skip the sequence bookkeeping. With the queue branch, a
+    paused queue gives nothing (:func:`~sa_jobs.queues.queue_not_paused`).
     """
+    queue = bindparam("fetch_queue", type_=Text)
+    due = [Job.state == JobState.AVAILABLE, Job.queue == queue, Job.scheduled_at <= func.now()]
+    if features.queue:
+        due.append(queue_not_paused(queue))
     locked = (
         select(Job.id)
-        .where(
-            Job.state == JobState.AVAILABLE,
-            Job.queue == bindparam("fetch_queue", type_=Text),
-            Job.scheduled_at <= func.now(),
-        )
+        .where(*due)
         .order_by(Job.priority, Job.scheduled_at, Job.id)
         .limit(bindparam("fetch_limit", type_=Integer))
         .with_for_update(skip_locked=True)

@@ -116,6 +116,10 @@ class WorkerRun:
         self._lock = threading.Lock()
         self._executions: dict[int, Execution] = {}
         self._started: list[str] = []
+        #: Queues a pause notification said are paused: their insert notifications
+        #: wake nobody (the fetch would find nothing). Only a hint — the fetch statement
+        #: enforces a pause, and the producers' polls still run.
+        self._paused_hint: set[str] = set()
 
     # -- start and stop
 
@@ -187,6 +191,7 @@ class WorkerRun:
             on_queue=self.wake_queue,
             on_cancel=self.cancel_running,
             on_connect=self.wake_all,
+            on_queue_control=self.queue_control,
             stopping=self.closing,
             listen=worker.listen,
             poll_interval=worker.poll_interval,
@@ -307,11 +312,23 @@ class WorkerRun:
 
     def wake_queue(self, queue: str) -> None:
         producer = self.producers.get(queue)
-        if producer is not None:
+        if producer is not None and queue not in self._paused_hint:
             producer.wake()
 
     def wake_all(self) -> None:
+        # (Re)connected: notifications may have been missed, so forget the hints too.
+        self._paused_hint.clear()
         for producer in self.producers.values():
+            producer.wake()
+
+    def queue_control(self, queue: str, paused: bool) -> None:
+        """A queue was paused or resumed (a control notification)."""
+        if paused:
+            self._paused_hint.add(queue)
+            return
+        self._paused_hint.discard(queue)
+        producer = self.producers.get(queue)
+        if producer is not None:
             producer.wake()
 
     def idle(self) -> bool:

@@ -32,6 +32,8 @@ from sa_jobs.models import Job
 from sa_jobs.option_checks import check_queue, check_timeout
 from sa_jobs.options import UNSET
 from sa_jobs.periodic.definition import PeriodicJob, check_periodic_jobs
+from sa_jobs.queues import queue_not_paused
+from sa_jobs.schema import Features
 from sa_jobs.states import JobState
 from sa_jobs.worker.engines import WorkerEngines
 from sa_jobs.worker.handlers import HandlerRegistry
@@ -337,10 +339,10 @@ class Worker:
         """Work every job that is due now in this worker's queues, then stop.
 
         Scheduled and retryable jobs that become due meanwhile are worked too; jobs due
-        later are left alone. Meant for tests and scripts; can be called again. It
-        returns early, gracefully, on :meth:`stop` from another thread or — called from
-        the main thread — on SIGTERM/SIGINT, as :meth:`run` does (a second signal
-        cancels the running jobs); what is left stays queued.
+        later, and jobs of paused queues, are left alone. Meant for tests and scripts;
+        can be called again. It returns early, gracefully, on :meth:`stop` from another
+        thread or — called from the main thread — on SIGTERM/SIGINT, as :meth:`run` does
+        (a second signal cancels the running jobs); what is left stays queued.
 
         Raises:
             TimeoutError: still busy after ``timeout`` seconds (the worker is stopped).
@@ -431,13 +433,16 @@ class Worker:
 
     def _due_work_left(self) -> bool:
         queues = list(self.queues)
-        due = exists().where(
+        conditions = [
             Job.queue.in_(queues),
             Job.scheduled_at <= func.now(),
             Job.state.in_([JobState.AVAILABLE, JobState.SCHEDULED, JobState.RETRYABLE]),
-        )
+        ]
         with self.engine.connect() as connection:
-            return bool(connection.scalar(select(due)))
+            if Features.of(connection).queue:
+                # A paused queue's jobs are not work this worker could do now.
+                conditions.append(queue_not_paused(Job.queue))
+            return bool(connection.scalar(select(exists().where(*conditions))))
 
 
 def _positive(option: str, value: object) -> float:

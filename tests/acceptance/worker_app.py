@@ -5,6 +5,8 @@ Run as ``python -m tests.acceptance.worker_app`` (from the repository's root) wi
 * ``SA_JOBS_TEST_URL`` — the database (required);
 * ``SA_JOBS_TEST_WORKER_ID`` — the worker's id (optional);
 * ``SA_JOBS_TEST_GRACE`` — the worker's ``interrupt_grace`` in seconds (default 5);
+* ``SA_JOBS_TEST_QUEUES`` — the queues it serves, comma-separated (default ``default``),
+  10 jobs of each at once; ``SA_JOBS_TEST_POLL`` — its poll interval (default 0.5 s);
 * ``SA_JOBS_TEST_BEHIND_PGBOUNCER`` — a URL through PgBouncer in transaction mode: build
   the engines as ``docs/operations.md`` says (no server-side prepared statements) and
   ``LISTEN`` on a direct connection to ``SA_JOBS_TEST_URL``.
@@ -121,9 +123,9 @@ def main() -> None:
     _runs_engine = create_engine(bouncer or url, **settings)
     worker = Worker(
         engine,
-        queues={"default": 10},
+        queues=dict.fromkeys(os.environ.get("SA_JOBS_TEST_QUEUES", "default").split(","), 10),
         job_timeout=None,
-        poll_interval=0.5,
+        poll_interval=float(os.environ.get("SA_JOBS_TEST_POLL", "0.5")),
         maintenance=FAST_RESCUE,
         interrupt_grace=float(os.environ.get("SA_JOBS_TEST_GRACE", "5")),
         worker_id=os.environ.get("SA_JOBS_TEST_WORKER_ID"),

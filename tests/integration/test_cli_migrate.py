@@ -13,6 +13,7 @@ from sqlalchemy import URL, create_engine, inspect, text
 import sa_jobs
 from sa_jobs.cli import main
 from sa_jobs.devdb import Server, throwaway_database
+from sa_jobs.schema import BRANCHES
 from tests.helpers import libpq_url, url_text
 
 NOWHERE = "postgresql://nobody@127.0.0.1:1/nowhere"
@@ -28,6 +29,7 @@ ALL_REVISIONS = [
     "sajobs_job_key_0001",
     "sajobs_job_key_0002",
     "sajobs_periodic_0001",
+    "sajobs_queue_0001",
 ]
 
 Run = Callable[..., tuple[int, str, str]]
@@ -65,7 +67,7 @@ def status_rows(out: str) -> dict[str, tuple[str, str]]:
     lines = out.splitlines()
     assert re.split(r"\s{2,}", lines[0]) == ["branch", "installed", "pending"]
     rows = {}
-    for line in lines[1:6]:
+    for line in lines[1 : 1 + len(BRANCHES)]:
         branch, installed, pending = re.split(r"\s{2,}", line)
         rows[branch] = (installed, pending)
     return rows
@@ -105,6 +107,7 @@ def test_migrate_one_branch_then_the_rest_applies_only_whats_missing(cli: Run) -
         "sajobs_job_key_0001",
         "sajobs_job_key_0002",
         "sajobs_periodic_0001",
+        "sajobs_queue_0001",
     ]
 
 
@@ -153,8 +156,9 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
         "sa_jobs_sequence": ("-", "sajobs_sequence_0001"),
         "sa_jobs_job_key": ("-", "sajobs_job_key_0001, sajobs_job_key_0002"),
         "sa_jobs_periodic": ("-", "sajobs_periodic_0001"),
+        "sa_jobs_queue": ("-", "sajobs_queue_0001"),
     }
-    assert out.splitlines()[-1] == "11 revisions pending: run sa-jobs migrate"
+    assert out.splitlines()[-1] == "12 revisions pending: run sa-jobs migrate"
 
     cli("migrate", "--target", "sajobs_core_0002")
     cli("migrate", "--target", "sajobs_unique_0001")
@@ -168,8 +172,9 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
         "sa_jobs_sequence": ("-", "sajobs_sequence_0001"),
         "sa_jobs_job_key": ("-", "sajobs_job_key_0001, sajobs_job_key_0002"),
         "sa_jobs_periodic": ("-", "sajobs_periodic_0001"),
+        "sa_jobs_queue": ("-", "sajobs_queue_0001"),
     }
-    assert out.splitlines()[-1] == "8 revisions pending: run sa-jobs migrate"
+    assert out.splitlines()[-1] == "9 revisions pending: run sa-jobs migrate"
 
     cli("migrate")
     _, out, _ = cli("migrate", "--status")
@@ -179,6 +184,7 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
         "sa_jobs_sequence": ("sajobs_sequence_0001", "-"),
         "sa_jobs_job_key": ("sajobs_job_key_0002", "-"),
         "sa_jobs_periodic": ("sajobs_periodic_0001", "-"),
+        "sa_jobs_queue": ("sajobs_queue_0001", "-"),
     }
     assert out.splitlines()[-1] == "up to date"
 

@@ -77,7 +77,7 @@ def test_counts_every_state_per_queue_exactly(engine: Engine) -> None:
     assert found.totals[JobState.PENDING] == 0
     assert found.estimated == frozenset()
     assert all(not q.estimated for q in found.queues.values())
-    assert found.queues["mail"].paused is None  # no queue controls here
+    assert found.queues["mail"].paused is False  # the queue branch is installed here
 
 
 def test_an_empty_table_has_no_queues_and_zero_totals(engine: Engine) -> None:
@@ -241,6 +241,29 @@ def test_without_the_sequence_branch_there_are_no_halted_sequences(core_only: En
     found = read_stats(core_only)
     assert found.halted_sequences is None
     assert found.totals[JobState.AVAILABLE] == 1
+
+
+def test_paused_queues_are_flagged_and_listed_even_when_empty(engine: Engine) -> None:
+    make_job(engine, state=JobState.AVAILABLE, queue="mail")
+    make_job(engine, state=JobState.AVAILABLE, queue="default")
+    with Session(engine) as session, session.begin():
+        sa_jobs.pause_queue(session, "mail")
+        sa_jobs.pause_queue(session, "reports", allow_unknown=True)
+    found = read_stats(engine)
+    assert {name: q.paused for name, q in found.queues.items()} == {
+        "default": False,
+        "mail": True,
+        "reports": True,
+    }
+    assert set(found.queues["reports"].counts.values()) == {0}
+    with Session(engine) as session, session.begin():
+        sa_jobs.resume_queue(session, "mail")
+    assert read_stats(engine).queues["mail"].paused is False
+
+
+def test_without_the_queue_branch_paused_is_unknown(core_only: Engine) -> None:
+    make_job(core_only, state=JobState.AVAILABLE)
+    assert read_stats(core_only).queues["default"].paused is None
 
 
 def test_nothing_is_written(engine: Engine) -> None:

@@ -28,7 +28,7 @@ from sqlalchemy.dialects.postgresql import psycopg
 from sa_jobs.complete import finish_statement
 from sa_jobs.insert_statement import _ROW_COLUMNS, ROWS_PARAM, InsertShape, insert_statement
 from sa_jobs.options import JobKeyMode
-from sa_jobs.schema import ALL_FEATURES, NO_FEATURES
+from sa_jobs.schema import ALL_FEATURES, NO_FEATURES, Features
 from sa_jobs.sequence import (
     ids_param,
     jobs_advance_sequences,
@@ -93,6 +93,7 @@ STATEMENTS: dict[str, Callable[[], Any]] = {
     # sa_jobs.worker.producer
     "fetch_available_core": lambda: jobs_fetch_available(NO_FEATURES),
     "fetch_available_all_features": lambda: jobs_fetch_available(ALL_FEATURES),
+    "fetch_available_queue_controls": lambda: jobs_fetch_available(Features(queue=True)),
     # sa_jobs.worker.maintenance
     "schedule_due": lambda: jobs_schedule_due(LIMIT),
     "schedule_due_unique": lambda: jobs_schedule_due(LIMIT, unique=True),

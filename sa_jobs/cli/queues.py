@@ -1,0 +1,102 @@
+"""``sa-jobs queue pause|resume|list``: queue controls from the command line.
+
+``pause`` and ``resume`` run :func:`sa_jobs.pause_queue` / :func:`sa_jobs.resume_queue`
+in a transaction of their own; ``list`` prints :func:`sa_jobs.queue_states`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from sa_jobs.cli import settings
+from sa_jobs.cli.common import engine_from, format_table
+from sa_jobs.queues import QueueState, pause_queue, queue_states, resume_queue
+from sa_jobs.schema import translate_missing_schema
+
+__all__ = ["add_command"]
+
+SETTINGS = (settings.URL, settings.LOG_LEVEL)
+
+
+def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Add ``queue`` and its actions to the top-level subparsers ``commands``."""
+    queue = commands.add_parser(
+        "queue", parents=[common], help="pause or resume a queue for every worker, or list them"
+    )
+    actions = queue.add_subparsers(required=True, metavar="ACTION")
+    pause = actions.add_parser(
+        "pause", parents=[common], help="no worker fetches from the queue until it is resumed"
+    )
+    pause.add_argument("name", metavar="QUEUE")
+    pause.add_argument(
+        "--allow-unknown",
+        action="store_true",
+        help="pause a queue no job, worker or earlier pause names yet",
+    )
+    pause.set_defaults(run=_pause, settings=SETTINGS)
+    resume = actions.add_parser("resume", parents=[common], help="workers fetch from it again")
+    resume.add_argument("name", metavar="QUEUE")
+    resume.set_defaults(run=_resume, settings=SETTINGS)
+    listing = actions.add_parser(
+        "list", parents=[common], help="queues with controls: paused or not, since when"
+    )
+    listing.set_defaults(run=_list, settings=SETTINGS)
+
+
+def _change(options: argparse.Namespace, paused: bool) -> int:
+    engine = engine_from(options)
+    try:
+        with Session(engine) as session, session.begin(), translate_missing_schema():
+            if paused:
+                state = pause_queue(session, options.name, allow_unknown=options.allow_unknown)
+            else:
+                state = resume_queue(session, options.name)
+    finally:
+        engine.dispose()
+    print(_describe(state))
+    return 0
+
+
+def _pause(options: argparse.Namespace) -> int:
+    return _change(options, paused=True)
+
+
+def _resume(options: argparse.Namespace) -> int:
+    return _change(options, paused=False)
+
+
+def _describe(state: QueueState) -> str:
+    if state.paused_at is not None:
+        return f"queue {state.name!r}: paused since {_timestamp(state.paused_at)} UTC"
+    return f"queue {state.name!r}: active"
+
+
+def _list(options: argparse.Namespace) -> int:
+    engine = engine_from(options)
+    try:
+        with Session(engine) as session, translate_missing_schema():
+            states = queue_states(session)
+    finally:
+        engine.dispose()
+    if not states:
+        print("no queue has been paused (every queue is active)")
+        return 0
+    rows = [
+        (
+            state.name,
+            "paused" if state.paused else "active",
+            _timestamp(state.paused_at) if state.paused_at else "-",
+            _timestamp(state.updated_at) if state.updated_at else "-",
+        )
+        for state in states
+    ]
+    print(format_table(("queue", "state", "paused_at (UTC)", "updated_at (UTC)"), rows))
+    return 0
+
+
+def _timestamp(value: dt.datetime) -> str:
+    return value.astimezone(dt.UTC).isoformat(sep=" ", timespec="seconds")
