@@ -22,10 +22,30 @@ from starlette.responses import RedirectResponse, Response
 from sa_jobs.control import cancel_job, retry_job
 from sa_jobs.dashboard.context import Dashboard
 from sa_jobs.dashboard.security import CSRF_FIELD, csrf_problem
-from sa_jobs.errors import JobNotFoundError, PeriodicJobNotFoundError, SaJobsError
+from sa_jobs.errors import (
+    InvalidJobArgsError,
+    InvalidOptionsError,
+    JobNotFoundError,
+    PeriodicJobNotFoundError,
+    SaJobsError,
+    UnknownKindError,
+    UnknownQueueError,
+)
 from sa_jobs.periodic import run_now
+from sa_jobs.queues import pause_queue, resume_queue
 
-__all__ = ["cancel", "resume_sequence", "retry", "run_periodic_now"]
+__all__ = [
+    "Form",
+    "Refused",
+    "action",
+    "cancel",
+    "pause",
+    "redirect",
+    "resume_sequence",
+    "retry",
+    "run_periodic_now",
+    "unpause",
+]
 
 #: A form is a few ids and names; anything bigger is not the dashboard's.
 MAX_FORM_BYTES = 256 * 1024
@@ -88,8 +108,9 @@ def action(
     run: Callable[[Request, Dashboard, Form], Any],
 ) -> Callable[[Request], Any]:
     """An endpoint: read and check the form, run the action, turn sa_jobs' errors into
-    pages (404 for a job or periodic job that is gone, 409 for an action the job's state
-    refuses or a feature branch that is not installed, with sa_jobs' message)."""
+    pages with sa_jobs' own message: 404 for a job or periodic job that is gone, 400 for
+    bad input (an unknown queue or kind, a filter the action refuses), 409 for an action
+    the job's state refuses or a feature branch that is not installed."""
 
     async def endpoint(request: Request) -> Response:
         dashboard = Dashboard.of(request)
@@ -101,6 +122,13 @@ def action(
             return dashboard.error_page(request, refused.status, refused.message)
         except (JobNotFoundError, PeriodicJobNotFoundError) as exc:
             return dashboard.error_page(request, 404, str(exc))
+        except (
+            InvalidOptionsError,
+            InvalidJobArgsError,
+            UnknownKindError,
+            UnknownQueueError,
+        ) as exc:
+            return dashboard.error_page(request, 400, str(exc))
         except SaJobsError as exc:
             return dashboard.error_page(request, 409, str(exc))
 
@@ -108,9 +136,12 @@ def action(
     return endpoint
 
 
-def redirect(request: Request, dashboard: Dashboard, path: str, notice: str) -> Response:
+def redirect(
+    request: Request, dashboard: Dashboard, path: str, notice: str, **params: str | int
+) -> Response:
     """See Other, to the page that shows the action's result (POST, redirect, GET)."""
-    target = dashboard.renderer.prefix(request) + path + "?notice=" + notice
+    query = urllib.parse.urlencode({**params, "notice": notice})
+    target = dashboard.renderer.prefix(request) + path + "?" + query
     return RedirectResponse(target, status_code=303)
 
 
@@ -166,7 +197,42 @@ async def _run_periodic_now(request: Request, dashboard: Dashboard, form: Form) 
     return redirect(request, dashboard, "/periodic", "ran")
 
 
+# ---------------------------------------------------------------------- queues
+
+
+def _queue(form: Form) -> str:
+    # The name travels in the form, not the path: queue names are free text.
+    name = form.get("queue")
+    if not name:
+        raise Refused(400, "Which queue? The form names none.")
+    return name
+
+
+async def _pause(request: Request, dashboard: Dashboard, form: Form) -> Response:
+    """Pause a queue for every worker (``sa_jobs.pause_queue``; a queue nothing names is
+    refused there, so a mistyped name pauses nothing)."""
+    queue = _queue(form)
+
+    def work(session: Session) -> None:
+        pause_queue(session, queue)
+
+    await dashboard.database.write(work)
+    return redirect(request, dashboard, "/", "paused")
+
+
+async def _unpause(request: Request, dashboard: Dashboard, form: Form) -> Response:
+    queue = _queue(form)
+
+    def work(session: Session) -> None:
+        resume_queue(session, queue)
+
+    await dashboard.database.write(work)
+    return redirect(request, dashboard, "/", "unpaused")
+
+
 retry = action(_retry)
 cancel = action(_cancel)
 resume_sequence = action(_resume_sequence)
 run_periodic_now = action(_run_periodic_now)
+pause = action(_pause)
+unpause = action(_unpause)

@@ -9,7 +9,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from sa_jobs.dashboard import actions, pages
+from sa_jobs.dashboard import actions, bulk, pages
 from sa_jobs.dashboard.context import Dashboard
 from sa_jobs.dashboard.database import Database
 from sa_jobs.dashboard.rendering import Renderer
@@ -67,11 +67,15 @@ def create_app(
         Route("/jobs/{job_id:int}", pages.job, name="job"),
         Route("/jobs/{job_id:int}/retry", actions.retry, methods=["POST"]),
         Route("/jobs/{job_id:int}/cancel", actions.cancel, methods=["POST"]),
+        Route("/jobs/{job_id:int}/delete", bulk.delete, methods=["POST"]),
+        Route("/jobs/bulk", bulk.bulk, methods=["POST"]),
         Route("/sequences", pages.sequences, name="sequences"),
         Route("/sequences/{job_id:int}/resume", actions.resume_sequence, methods=["POST"]),
         Route("/periodic", pages.periodic, name="periodic"),
         Route("/periodic/run", actions.run_periodic_now, methods=["POST"]),
         Route("/workers", pages.workers, name="workers"),
+        Route("/queues/pause", actions.pause, methods=["POST"]),
+        Route("/queues/resume", actions.unpause, methods=["POST"]),
         Mount("/static", StaticFiles(packages=[("sa_jobs.dashboard", "static")]), name="static"),
     ]
     app = Starlette(routes=routes, middleware=[Middleware(AuthGate, auth=auth)])

@@ -15,6 +15,7 @@ from sa_jobs.dashboard import queries
 from sa_jobs.dashboard.charts import hour_chart
 from sa_jobs.dashboard.context import Dashboard
 from sa_jobs.dashboard.periodic_view import STALE_AFTER, periodic_view
+from sa_jobs.dashboard.queue_view import QueuesView, queues_view
 from sa_jobs.queue_stats import Stats, stats
 
 __all__ = ["job", "jobs", "overview", "periodic", "sequences", "workers"]
@@ -23,15 +24,17 @@ __all__ = ["job", "jobs", "overview", "periodic", "sequences", "workers"]
 async def overview(request: Request) -> Response:
     dashboard = Dashboard.of(request)
 
-    def read(session: Any) -> tuple[Stats, queries.Throughput]:
+    def read(session: Any) -> tuple[Stats, QueuesView, queries.Throughput]:
         # sa_jobs.stats: the same figures as `sa-jobs stats` (estimates past its limit).
-        return stats(session), queries.throughput(session)
+        figures = stats(session)
+        return figures, queues_view(session, figures), queries.throughput(session)
 
-    figures, hour = await dashboard.database.read(read)
+    figures, queues, hour = await dashboard.database.read(read)
     return dashboard.renderer.page(
         request,
         "overview.html",
         stats=figures,
+        queues=queues,
         chart=hour_chart(hour.minutes),
         capped=hour.capped,
     )

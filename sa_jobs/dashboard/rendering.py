@@ -43,7 +43,9 @@ NOTICES = {
         "Run requested: the next tick of a worker that has this periodic job inserts "
         "its job (within a second or so)."
     ),
-    "bulk": "Done.",
+    "bulk-retried": "Retried {n} jobs.",
+    "bulk-cancelled": "Cancelled {n} jobs (running ones were asked to stop).",
+    "bulk-deleted": "Deleted {n} jobs (running jobs are never deleted).",
 }
 
 STATE_ORDER = [state.value for state in JobState]
@@ -111,6 +113,15 @@ def _refresh(request: Request) -> int | None:
     return int(text) if text.isdigit() and int(text) in REFRESH_CHOICES else None
 
 
+def _notice(request: Request) -> str | None:
+    """The fixed text ``?notice=`` names; ``{n}`` in it becomes ``?n=`` (digits only)."""
+    text = NOTICES.get(request.query_params.get("notice", ""))
+    count = request.query_params.get("n", "")
+    if text is None or "{n}" not in text:
+        return text
+    return text.replace("{n}", f"{int(count):,}" if count.isdigit() else "the")
+
+
 class Renderer:
     def __init__(self, *, base_path: str, read_only: bool) -> None:
         self.base_path = base_path
@@ -147,7 +158,7 @@ class Renderer:
         token, new = csrf_token(request)
         prefix = self.prefix(request)
         page = Page(request=request, prefix=prefix, read_only=self.read_only, csrf=token)
-        notice = NOTICES.get(request.query_params.get("notice", ""))
+        notice = _notice(request)
         html = self.environment.get_template(template).render(
             page=page, notice=notice, refresh=_refresh(request), **values
         )

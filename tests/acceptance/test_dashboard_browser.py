@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -157,6 +158,71 @@ def test_run_a_periodic_job_now_and_see_a_worker_complete_it(
         expect(row.get_by_role("button", name="Run now")).to_be_visible()
     assert done == ["hourly"]
     assert len(periodic_job_ids(engine, "hourly")) == 1  # the schedule itself did not fire
+
+
+@sa_jobs.job_args(kind="dashboard_browser_task")
+class Task:
+    n: int = 0
+
+
+def test_pause_a_queue_and_see_the_worker_stop_taking_from_it(
+    engine: Engine, base_url: str, page: Page
+) -> None:
+    worker = make_worker(engine, queues={"alpha": 2, "beta": 2})
+    worker.handler(Task)(lambda job: None)
+    with running(worker):
+        page.goto(base_url + "/")
+        alpha = page.locator("table.queues tbody tr", has_text="alpha")
+        expect(alpha).to_contain_text("1")  # listed (no jobs yet): one worker serves it
+        alpha.get_by_role("button", name="Pause").click()
+        expect(page.get_by_role("status")).to_contain_text("Queue paused")
+        expect(alpha.locator(".badge")).to_have_text("paused")
+
+        paused = [add_job(engine, Task(n), queue="alpha") for n in range(3)]
+        served = [add_job(engine, Task(n), queue="beta") for n in range(3)]
+        for job_id in served:
+            wait_for_state(engine, job_id, JobState.COMPLETED)
+        time.sleep(0.5)  # ten of the worker's polls
+        assert [job_row(engine, job_id).state for job_id in paused] == [JobState.AVAILABLE] * 3
+
+        page.reload()
+        expect(alpha.locator('a[href*="state=available"]')).to_have_text("3")  # waiting
+        alpha.get_by_role("button", name="Resume").click()
+        expect(page.get_by_role("status")).to_contain_text("Queue resumed")
+        for job_id in paused:
+            wait_for_state(engine, job_id, JobState.COMPLETED)
+        page.reload()
+        expect(alpha.locator(".badge")).to_have_count(0)
+
+
+def test_tick_failed_jobs_confirm_and_retry_them_then_delete_one(
+    engine: Engine, base_url: str, page: Page
+) -> None:
+    failed = [
+        make_job(engine, kind="dashboard_bulk", state=JobState.DISCARDED, args={"n": n})
+        for n in range(3)
+    ]
+    page.goto(f"{base_url}/jobs?kind=dashboard_bulk")
+    for job_id in failed[:2]:
+        page.get_by_label(f"select job {job_id}").check()
+    page.get_by_role("button", name="Retry…").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Retry 2 of the 2 ticked jobs?")
+    assert job_row(engine, failed[0]).state is JobState.DISCARDED  # asked, not done
+    page.get_by_role("button", name="Retry 2 jobs").click()
+    expect(page.get_by_role("status")).to_have_text("Retried 2 jobs.")
+    assert [job_row(engine, job_id).state for job_id in failed] == [
+        JobState.AVAILABLE,
+        JobState.AVAILABLE,
+        JobState.DISCARDED,
+    ]
+
+    page.get_by_role("link", name=str(failed[2]), exact=True).click()
+    page.get_by_role("button", name="Delete…").click()
+    expect(page.get_by_role("heading", level=1)).to_have_text(f"Delete job {failed[2]}?")
+    page.get_by_role("button", name=f"Delete job {failed[2]}").click()
+    expect(page.get_by_role("status")).to_have_text("Deleted.")
+    expect(page.locator("table.jobs")).not_to_contain_text(str(failed[2]))
+    assert page.dialogs == []  # type: ignore[attr-defined]
 
 
 def test_a_job_whose_args_hold_a_script_shows_it_as_text(

@@ -395,3 +395,210 @@ def test_without_the_periodic_branch_the_page_and_run_now_say_so(core_only: Engi
         refused = client.act("/periodic/run", name="minutely")
         assert refused.status_code == 409
         assert "sa_jobs_periodic" in refused.text and "not installed" in refused.text
+
+
+# ---------------------------------------------------------------------- queue controls
+
+
+def paused_queues(engine: Engine) -> list[str]:
+    from sqlalchemy.orm import Session
+
+    with Session(engine) as session:
+        return [state.name for state in sa_jobs.queue_states(session, paused_only=True)]
+
+
+def test_pause_and_resume_a_queue_from_the_overview(
+    client: DashboardClient, engine: Engine
+) -> None:
+    make_job(engine, queue="dashboard_mail")
+    page = client.get("/").text
+    assert "/queues/pause" in forms_posting(page)
+    response = client.act("/queues/pause", queue="dashboard_mail")
+    assert response.status_code == 303
+    assert response.headers["location"] == "/?notice=paused"
+    assert paused_queues(engine) == ["dashboard_mail"]
+    page = client.get("/?notice=paused").text
+    (row,) = [row for row in page.split("<tr") if "dashboard_mail</a>" in row]
+    assert ">paused</span>" in row and "/queues/resume" in row
+    assert "Queue paused" in page
+    assert client.act("/queues/resume", queue="dashboard_mail").status_code == 303
+    assert paused_queues(engine) == []
+
+
+def test_a_paused_queue_without_jobs_still_has_its_row(
+    client: DashboardClient, engine: Engine
+) -> None:
+    from sqlalchemy.orm import Session
+
+    with Session(engine) as session, session.begin():
+        sa_jobs.pause_queue(session, "dashboard_later", allow_unknown=True)
+    page = client.get("/").text
+    (row,) = [row for row in page.split("<tr") if "dashboard_later</a>" in row]
+    assert ">paused</span>" in row
+
+
+def test_pausing_a_queue_nothing_names_is_refused(client: DashboardClient, engine: Engine) -> None:
+    response = client.act("/queues/pause", queue="dashboard_mial")
+    assert response.status_code == 400
+    assert "no job, worker or queue control names queue &#39;dashboard_mial&#39;" in response.text
+    assert client.act("/queues/pause").status_code == 400
+    assert paused_queues(engine) == []
+
+
+def test_read_only_shows_paused_queues_but_no_pause_buttons(engine: Engine) -> None:
+    make_job(engine, queue="dashboard_mail")
+    with DashboardClient(create_app(engine, read_only=True)) as client:
+        assert forms_posting(client.get("/").text) == []
+        assert client.act("/queues/pause", queue="dashboard_mail").status_code == 403
+    assert paused_queues(engine) == []
+
+
+# ---------------------------------------------------------------------- delete, bulk
+
+
+def test_deleting_a_job_asks_first(client: DashboardClient, engine: Engine) -> None:
+    job_id = discarded_job(engine)
+    assert f"/jobs/{job_id}/delete" in forms_posting(client.get(f"/jobs/{job_id}").text)
+    asked = client.act(f"/jobs/{job_id}/delete")
+    assert asked.status_code == 200
+    assert f"Delete job {job_id}?" in asked.text
+    assert forms_posting(asked.text) == [f"/jobs/{job_id}/delete"]
+    assert 'name="confirm" value="yes"' in asked.text
+    assert job_row(engine, job_id).state is JobState.DISCARDED  # nothing yet
+    done = client.act(f"/jobs/{job_id}/delete", confirm="yes")
+    assert done.status_code == 303
+    assert done.headers["location"] == "/jobs?notice=deleted"
+    assert client.get(f"/jobs/{job_id}").status_code == 404
+    assert client.act(f"/jobs/{job_id}/delete", confirm="yes").status_code == 404
+
+
+def test_a_running_job_is_never_deleted(client: DashboardClient, engine: Engine) -> None:
+    job_id = make_job(engine, state=JobState.RUNNING, attempted_by=["w"])
+    assert f"/jobs/{job_id}/delete" not in forms_posting(client.get(f"/jobs/{job_id}").text)
+    refused = client.act(f"/jobs/{job_id}/delete", confirm="yes")
+    assert refused.status_code == 409
+    assert "cancel them first" in refused.text
+    assert job_row(engine, job_id).state is JobState.RUNNING
+
+
+def test_ticked_jobs_are_confirmed_then_acted_on_and_running_ones_left_alone(
+    client: DashboardClient, engine: Engine
+) -> None:
+    discarded = discarded_job(engine)
+    running = make_job(engine, kind="dashboard_http", state=JobState.RUNNING, attempted_by=["w"])
+    completed = make_job(engine, kind="dashboard_http", state=JobState.COMPLETED)
+    kept = make_job(engine, kind="dashboard_http", state=JobState.COMPLETED)
+    listing = client.get("/jobs?kind=dashboard_http").text
+    assert "/jobs/bulk" in forms_posting(listing)
+    assert f'name="id" value="{running}"' in listing
+    ticked = [str(discarded), str(running), str(completed)]
+    form = {"csrf": client.token(), "operation": "delete", "kind": "dashboard_http", "id": ticked}
+    asked = client.post("/jobs/bulk", data=form, follow_redirects=False)
+    assert asked.status_code == 200
+    assert "Delete 2 of the 3 ticked jobs?" in asked.text
+    (running_row,) = [row for row in asked.text.split("<tr") if f">{running}</a>" in row]
+    assert "left as it is" in running_row
+    assert job_row(engine, discarded).state is JobState.DISCARDED  # asked, not done
+    done = client.post("/jobs/bulk", data={**form, "confirm": "yes"}, follow_redirects=False)
+    assert done.status_code == 303
+    assert done.headers["location"] == "/jobs?kind=dashboard_http&n=2&notice=bulk-deleted"
+    assert "Deleted 2 jobs" in client.get(done.headers["location"]).text
+    remaining = client.get("/jobs?kind=dashboard_http").text
+    assert f'href="/jobs/{running}"' in remaining and f'href="/jobs/{kept}"' in remaining
+    assert f'href="/jobs/{discarded}"' not in remaining
+    assert f'href="/jobs/{completed}"' not in remaining
+
+
+def test_retry_every_job_matching_the_filter(client: DashboardClient, engine: Engine) -> None:
+    mine = [discarded_job(engine, queue="dashboard_q1") for _ in range(5)]
+    other = discarded_job(engine, queue="dashboard_q2")
+    form = {"scope": "filter", "operation": "retry", "queue": "dashboard_q1", "state": "discarded"}
+    asked = client.act("/jobs/bulk", **form)
+    assert asked.status_code == 200
+    assert "5 jobs match now" in asked.text
+    assert "queue = dashboard_q1" in asked.text and "state = discarded" in asked.text
+    assert all(job_row(engine, job_id).state is JobState.DISCARDED for job_id in mine)
+    done = client.act("/jobs/bulk", **form, confirm="yes")
+    assert done.status_code == 303
+    assert "n=5&notice=bulk-retried" in done.headers["location"]
+    assert all(job_row(engine, job_id).state is JobState.AVAILABLE for job_id in mine)
+    assert job_row(engine, other).state is JobState.DISCARDED
+
+
+def test_a_whole_filter_is_worked_in_rounds_that_offer_to_continue(
+    client: DashboardClient, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sa_jobs.dashboard import bulk
+
+    monkeypatch.setattr(bulk, "BATCH", 2)
+    monkeypatch.setattr(bulk, "TIME_BUDGET", 0.0)  # stop after every transaction
+    ids = [make_job(engine, queue="dashboard_rounds", state=JobState.COMPLETED) for _ in range(5)]
+    form: dict[str, Any] = {
+        "scope": "filter",
+        "operation": "delete",
+        "queue": "dashboard_rounds",
+        "confirm": "yes",
+    }
+    rounds = 0
+    while True:
+        response = client.act("/jobs/bulk", **form)
+        rounds += 1
+        if response.status_code == 303:
+            break
+        assert response.status_code == 200
+        after = re.search(r'name="after_id" value="(\d+)"', response.text)
+        assert after is not None, response.text
+        form["after_id"] = after.group(1)
+    assert rounds == 4  # 2, 2, 1, then the round that finds none left and redirects
+    assert client.get("/jobs?queue=dashboard_rounds").text.count('href="/jobs/') == 0
+    assert all(client.get(f"/jobs/{job_id}").status_code == 404 for job_id in ids)
+
+
+@pytest.mark.parametrize(
+    ("form", "message"),
+    [
+        ({"scope": "filter", "operation": "delete"}, "Filter the list first"),
+        ({"scope": "filter", "operation": "delete", "tag": "x"}, "tick the jobs instead"),
+        (
+            {"scope": "filter", "operation": "delete", "state": "running"},
+            "running jobs are never deleted",
+        ),
+        ({"scope": "filter", "operation": "retry", "kind": "dashboard_nokind"}, "no job has it"),
+        ({"operation": "delete"}, "No jobs were ticked"),
+        ({"operation": "explode", "id": "1"}, "no known action"),
+        ({"operation": "delete", "id": "x"}, "is not a job id"),
+    ],
+)
+def test_bulk_forms_the_api_would_refuse_are_refused(
+    client: DashboardClient, engine: Engine, form: dict[str, str], message: str
+) -> None:
+    job_id = make_job(engine, state=JobState.RUNNING, attempted_by=["w"])
+    response = client.act("/jobs/bulk", **form, confirm="yes")
+    assert response.status_code == 400, response.text
+    assert message in response.text
+    assert job_row(engine, job_id).state is JobState.RUNNING
+
+
+def test_bulk_actions_need_the_forms_token_and_are_hidden_read_only(engine: Engine) -> None:
+    job_id = discarded_job(engine)
+    data = {"operation": "delete", "id": str(job_id), "confirm": "yes"}
+    with DashboardClient(create_app(engine)) as client:
+        client.get("/")
+        assert client.post("/jobs/bulk", data=data).status_code == 403
+    with DashboardClient(create_app(engine, read_only=True)) as client:
+        assert forms_posting(client.get("/jobs").text) == []
+        assert forms_posting(client.get("/jobs?state=discarded").text) == []
+        assert client.act("/jobs/bulk", **data).status_code == 403
+    assert job_row(engine, job_id).state is JobState.DISCARDED
+
+
+def test_without_the_queue_branch_queues_show_but_cannot_be_paused(core_only: Engine) -> None:
+    make_job(core_only, queue="dashboard_mail")
+    with DashboardClient(create_app(core_only)) as client:
+        page = client.get("/").text
+        assert "dashboard_mail</a>" in page
+        assert "/queues/pause" not in forms_posting(page)
+        assert "sa_jobs_queue" in page
+        refused = client.act("/queues/pause", queue="dashboard_mail")
+        assert refused.status_code == 409
+        assert "sa_jobs_queue" in refused.text and "not installed" in refused.text
