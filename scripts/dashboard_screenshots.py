@@ -215,6 +215,11 @@ def shoot(engine: Engine) -> None:
     thread.start()
     try:
         time.sleep(3)  # the worker works what is due; the image job stays running
+        with Session(engine) as session, session.begin():
+            # A paused queue, as the overview shows it (its new job waits; the running
+            # one goes on).
+            sa_jobs.pause_queue(session, "media")
+            sa_jobs.insert(session, ResizeImage("uploads/dog.jpg"))
         base = f"http://127.0.0.1:{port}"
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM)
@@ -227,6 +232,13 @@ def shoot(engine: Engine) -> None:
                 page.goto(base + path)
                 page.screenshot(path=str(OUT / f"dashboard-{name}.png"), full_page=True)
                 print(f"docs/img/dashboard-{name}.png  {path}")
+            # A bulk action's confirmation: tick the newest jobs (one running), press Delete.
+            page.goto(base + "/jobs")
+            for box in page.locator('input[name="id"]').all()[:6]:
+                box.check()
+            page.get_by_role("button", name="Delete…").click()
+            page.screenshot(path=str(OUT / "dashboard-confirm.png"), full_page=True)
+            print("docs/img/dashboard-confirm.png  (delete the ticked jobs)")
             browser.close()
     finally:
         hold.set()

@@ -32,6 +32,7 @@ from sa_jobs.bulk import BulkResult, JobFilter, cancel_jobs, delete_jobs, retry_
 from sa_jobs.dashboard.actions import Form, Refused, action, redirect
 from sa_jobs.dashboard.context import Dashboard
 from sa_jobs.dashboard.queries import ListFilter
+from sa_jobs.dashboard.rendering import jobs_count
 from sa_jobs.errors import JobNotFoundError
 from sa_jobs.models import job_table
 from sa_jobs.states import JobState
@@ -243,21 +244,23 @@ async def _confirmation(request: Request, dashboard: Dashboard, wanted: BulkRequ
         shown = f"more than {COUNT_CAP:,}" if count > COUNT_CAP else f"{count:,}"
         described = ", ".join(f"{k} = {v}" for k, v in wanted.list_filter.params().items())
         title = f"{label} every job matching {described}?"
+        matches = "job matches" if count == 1 else "jobs match"
         lines = [
-            f"{shown} jobs match now (only those the action applies to are counted: "
+            f"{shown} {matches} now (only those the action applies to are counted: "
             f"{LEFT_ALONE[wanted.operation]}).",
             f"Done in transactions of {BATCH:,} jobs, in id order.",
         ]
         jobs: Sequence[Ticked] = []
-        button = f"{label} {shown} jobs"
+        button = f"{label} {shown} {'job' if count == 1 else 'jobs'}"
     else:
         jobs = await dashboard.database.read(lambda session: ticked_jobs(session, wanted))
         acting = sum(job.acted_on for job in jobs)
-        title = f"{label} {acting} of the {len(wanted.ids)} ticked jobs?"
+        ticked = len(wanted.ids)
+        title = f"{label} {acting} of the {ticked} ticked {'job' if ticked == 1 else 'jobs'}?"
         lines = [f"Left as they are: {LEFT_ALONE[wanted.operation]}."]
         if len(jobs) < len(wanted.ids):
             lines.append(f"{len(wanted.ids) - len(jobs)} of them no longer exist.")
-        button = f"{label} {acting} jobs"
+        button = f"{label} {jobs_count(acting)}"
     return dashboard.renderer.page(
         request,
         "confirm.html",

@@ -28,7 +28,7 @@ from sa_jobs.dashboard.security import (
 )
 from sa_jobs.states import JobState
 
-__all__ = ["NOTICES", "Renderer"]
+__all__ = ["NOTICES", "Renderer", "jobs_count"]
 
 #: What a redirect after an action may say (``?notice=retried``); fixed texts, so a link
 #: cannot put words in the dashboard's mouth.
@@ -43,9 +43,9 @@ NOTICES = {
         "Run requested: the next tick of a worker that has this periodic job inserts "
         "its job (within a second or so)."
     ),
-    "bulk-retried": "Retried {n} jobs.",
-    "bulk-cancelled": "Cancelled {n} jobs (running ones were asked to stop).",
-    "bulk-deleted": "Deleted {n} jobs (running jobs are never deleted).",
+    "bulk-retried": "Retried {n}.",
+    "bulk-cancelled": "Cancelled {n} (running ones were asked to stop).",
+    "bulk-deleted": "Deleted {n} (running jobs are never deleted).",
 }
 
 STATE_ORDER = [state.value for state in JobState]
@@ -114,12 +114,17 @@ def _refresh(request: Request) -> int | None:
 
 
 def _notice(request: Request) -> str | None:
-    """The fixed text ``?notice=`` names; ``{n}`` in it becomes ``?n=`` (digits only)."""
+    """The fixed text ``?notice=`` names; ``{n}`` in it becomes ``?n=`` jobs (digits only)."""
     text = NOTICES.get(request.query_params.get("notice", ""))
     count = request.query_params.get("n", "")
     if text is None or "{n}" not in text:
         return text
-    return text.replace("{n}", f"{int(count):,}" if count.isdigit() else "the")
+    return text.replace("{n}", jobs_count(int(count)) if count.isdigit() else "the jobs")
+
+
+def jobs_count(count: int) -> str:
+    """``1 job``, ``1,000 jobs``."""
+    return f"{count:,} job" + ("" if count == 1 else "s")
 
 
 class Renderer:
