@@ -20,6 +20,7 @@ from sa_jobs.health import Health, HealthThresholds, check_health
 from sa_jobs.hooks import add_insert_hook, remove_insert_hook
 from sa_jobs.insert import InsertManyParams, InsertResult, insert, insert_job, insert_many
 from sa_jobs.job_key import RemoveOutcome, remove_job
+from sa_jobs.limits import ConcurrencyLimit, RateLimit
 from sa_jobs.models import Job, metadata
 from sa_jobs.options import InsertOptions, InsertOpts, JobKeyMode, SequenceOpts, UniqueOpts
 from sa_jobs.periodic import PeriodicJob
@@ -37,6 +38,7 @@ except _metadata.PackageNotFoundError:  # imported from a checkout that was neve
 __all__ = [
     "ArgsConverter",
     "BulkResult",
+    "ConcurrencyLimit",
     "ExponentialRetry",
     "Health",
     "HealthThresholds",
@@ -52,6 +54,7 @@ __all__ = [
     "MaintenanceConfig",
     "PeriodicJob",
     "QueueState",
+    "RateLimit",
     "RemoveOutcome",
     "Retention",
     "RetryPolicy",

@@ -31,6 +31,7 @@ CORE_BRANCH = "sa_jobs_core"
 UNIQUE_BRANCH = "sa_jobs_unique"
 SEQUENCE_BRANCH = "sa_jobs_sequence"
 JOB_KEY_BRANCH = "sa_jobs_job_key"
+LIMITS_BRANCH = "sa_jobs_limits"
 PERIODIC_BRANCH = "sa_jobs_periodic"
 QUEUE_BRANCH = "sa_jobs_queue"
 #: Every branch label, in the order ``sa-jobs migrate`` lists them.
@@ -41,6 +42,7 @@ BRANCHES = (
     JOB_KEY_BRANCH,
     PERIODIC_BRANCH,
     QUEUE_BRANCH,
+    LIMITS_BRANCH,
 )
 
 #: A column each feature branch adds to ``sa_job``, to tell whether it is installed.
@@ -52,7 +54,11 @@ _BRANCH_MARKER_COLUMNS = {
 
 #: A table each feature branch that adds tables (not columns of sa_job) creates, to tell
 #: whether it is installed.
-_BRANCH_MARKER_TABLES = {PERIODIC_BRANCH: "sa_job_periodic", QUEUE_BRANCH: "sa_job_queue"}
+_BRANCH_MARKER_TABLES = {
+    PERIODIC_BRANCH: "sa_job_periodic",
+    QUEUE_BRANCH: "sa_job_queue",
+    LIMITS_BRANCH: "sa_job_rate_window",
+}
 
 #: Columns added by later revisions of a branch: a database without them has the branch,
 #: but not at its head.
@@ -177,6 +183,7 @@ class Features:
     unique: bool = False
     sequence: bool = False
     job_key: bool = False
+    limits: bool = False
     periodic: bool = False
     #: Queue controls (pause/resume): the ``sa_job_queue`` table.
     queue: bool = False
@@ -189,6 +196,7 @@ class Features:
             job_key=JOB_KEY_BRANCH in branches,
             periodic=PERIODIC_BRANCH in branches,
             queue=QUEUE_BRANCH in branches,
+            limits=LIMITS_BRANCH in branches,
         )
 
     @classmethod
@@ -211,7 +219,9 @@ class Features:
 
 
 #: Every feature: what ``sa-jobs migrate`` installs.
-ALL_FEATURES = Features(unique=True, sequence=True, job_key=True, periodic=True, queue=True)
+ALL_FEATURES = Features(
+    unique=True, sequence=True, job_key=True, periodic=True, queue=True, limits=True
+)
 #: The core alone.
 NO_FEATURES = Features()
 

@@ -97,8 +97,9 @@ def notified_queues(listener: psycopg.Connection[Any], timeout: float = 0.3) -> 
 
 
 def empty_job_table(bind: Engine | Connection) -> None:
-    """Delete every job and restart the ids; forget every periodic job's state and
-    every queue control (pauses), where those branches are installed."""
+    """Delete every job and restart the ids; forget every periodic job's state, every
+    queue control (pauses) and the rate limits' counts, where those branches are
+    installed."""
     if isinstance(bind, Connection):
         _empty_tables(bind)
         return
@@ -112,6 +113,8 @@ def _empty_tables(connection: Connection) -> None:
         connection.execute(text("TRUNCATE sa_job_periodic"))
     if connection.scalar(text("SELECT to_regclass('sa_job_queue') IS NOT NULL")):
         connection.execute(text("DELETE FROM sa_job_queue"))
+    if connection.scalar(text("SELECT to_regclass('sa_job_rate_window') IS NOT NULL")):
+        connection.execute(text("TRUNCATE sa_job_rate_window"))
 
 
 # ------------------------------------------------------------------ waiting

@@ -28,6 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session, undefer
 from sqlalchemy.sql.dml import ReturningUpdate
+from sqlalchemy.sql.expression import ColumnElement
 
 from sa_jobs.error_records import describe
 from sa_jobs.models import CORE_COLUMNS, Job
@@ -37,13 +38,60 @@ from sa_jobs.states import JobState
 from sa_jobs.worker.backoff import is_transient
 from sa_jobs.worker.service import Backoff, Service
 
-__all__ = ["Producer", "fetch_jobs", "jobs_fetch_available"]
+__all__ = [
+    "FETCH_ORDER",
+    "Producer",
+    "as_jobs",
+    "due_in_queue",
+    "fetch_jobs",
+    "fetched_columns",
+    "in_start_order",
+    "jobs_fetch_available",
+    "running_values",
+]
 
 log = logging.getLogger("sa_jobs.worker")
 
 #: How long a busy producer lets slots accumulate before fetching again (River has a
 #: cooldown too); short enough not to matter for latency, long enough to batch.
 FETCH_COOLDOWN = 0.002
+
+
+def due_in_queue(features: Features) -> list[ColumnElement[bool]]:
+    """The rows a fetch of ``:fetch_queue`` may take: its available jobs that are due, of
+    a queue that is not paused (with the queue branch). The one place that says so: the
+    limited fetch (:mod:`.limited_fetch`) takes from the same rows."""
+    queue = bindparam("fetch_queue", type_=Text)
+    due = [Job.state == JobState.AVAILABLE, Job.queue == queue, Job.scheduled_at <= func.now()]
+    if features.queue:
+        due.append(queue_not_paused(queue))
+    return due
+
+
+#: The order jobs start in: the fetch index's.
+FETCH_ORDER = (Job.priority, Job.scheduled_at, Job.id)
+
+
+def running_values(features: Features, attempted_at: ColumnElement[Any]) -> dict[str, Any]:
+    """What a fetch writes into the jobs it takes (``:fetch_worker_id`` is bound)."""
+    values: dict[str, Any] = {
+        "state": JobState.RUNNING,
+        "attempt": Job.attempt + 1,
+        "run_count": Job.run_count + 1,
+        "attempted_at": attempted_at,
+        "attempted_by": func.array_append(
+            func.coalesce(Job.attempted_by, text("'{}'::text[]")),
+            bindparam("fetch_worker_id", type_=Text),
+        ),
+    }
+    if features.unique:
+        values["unique_key"] = case((Job.unique_until_start, null()), else_=Job.unique_key)
+    return values
+
+
+def fetched_columns(features: Features) -> tuple[Any, ...]:
+    """The columns a fetch returns (with the sequence branch, the jobs' ``sequence_key``)."""
+    return (*CORE_COLUMNS, Job.sequence_key) if features.sequence else CORE_COLUMNS
 
 
 @functools.cache
@@ -58,43 +106,36 @@ def jobs_fetch_available(features: Features = NO_FEATURES) -> ReturningUpdate[An
     that is not in a sequence can skip the sequence bookkeeping. With the queue branch, a
     paused queue gives nothing (:func:`~sa_jobs.queues.queue_not_paused`).
     """
-    queue = bindparam("fetch_queue", type_=Text)
-    due = [Job.state == JobState.AVAILABLE, Job.queue == queue, Job.scheduled_at <= func.now()]
-    if features.queue:
-        due.append(queue_not_paused(queue))
     locked = (
         select(Job.id)
-        .where(*due)
-        .order_by(Job.priority, Job.scheduled_at, Job.id)
+        .where(*due_in_queue(features))
+        .order_by(*FETCH_ORDER)
         .limit(bindparam("fetch_limit", type_=Integer))
         .with_for_update(skip_locked=True)
         .cte("locked")
     )
-    values: dict[str, Any] = {
-        "state": JobState.RUNNING,
-        "attempt": Job.attempt + 1,
-        "run_count": Job.run_count + 1,
-        "attempted_at": func.now(),
-        "attempted_by": func.array_append(
-            func.coalesce(Job.attempted_by, text("'{}'::text[]")),
-            bindparam("fetch_worker_id", type_=Text),
-        ),
-    }
-    if features.unique:
-        values["unique_key"] = case((Job.unique_until_start, null()), else_=Job.unique_key)
-    returned = [*CORE_COLUMNS, Job.sequence_key] if features.sequence else CORE_COLUMNS
-    return update(Job).where(Job.id == locked.c.id).values(values).returning(*returned)
+    return (
+        update(Job)
+        .where(Job.id == locked.c.id)
+        .values(running_values(features, func.now()))
+        .returning(*fetched_columns(features))
+    )
 
 
-@functools.cache
-def _fetch_as_jobs(features: Features) -> Any:
-    statement = select(Job).from_statement(jobs_fetch_available(features))
+def as_jobs(statement: ReturningUpdate[Any], features: Features) -> Any:
+    """``statement``'s returned rows as :class:`Job` objects."""
+    loading = select(Job).from_statement(statement)
     if features.sequence:
         # sequence_key is deferred on Job; without this the ORM ignores the returned
         # column, and the completer cannot tell an unsequenced job from an unloaded one
         # (it would take the sequence locks and bookkeeping for every batch).
-        statement = statement.options(undefer(Job.sequence_key))
-    return statement
+        loading = loading.options(undefer(Job.sequence_key))
+    return loading
+
+
+@functools.cache
+def _fetch_as_jobs(features: Features) -> Any:
+    return as_jobs(jobs_fetch_available(features), features)
 
 
 def fetch_jobs(
@@ -117,6 +158,11 @@ def fetch_jobs(
         if features is None:
             features = Features.of(session.connection())
         jobs = list(session.scalars(_fetch_as_jobs(features), params))
+    return in_start_order(jobs)
+
+
+def in_start_order(jobs: list[Job[Any]]) -> list[Job[Any]]:
+    """``jobs`` sorted as they should start (RETURNING keeps no order)."""
     jobs.sort(key=lambda job: (job.priority, job.scheduled_at, job.id))
     return jobs
 

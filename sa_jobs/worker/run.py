@@ -2,8 +2,9 @@
 
 ``Worker.start`` builds a :class:`WorkerRun` and ``Worker.stop`` tears it down, so a
 worker can be started again. The run wires the pieces, each in its own module:
-producers fetch (:mod:`.producer`), a pool of threads and an event loop run handlers
-(:mod:`.pool`, :mod:`.aio`, :mod:`.execution`), the watchdog enforces timeouts
+producers fetch (:mod:`.producer`; :mod:`.limited_fetch` for limited queues), a pool
+of threads and an event loop run handlers (:mod:`.pool`, :mod:`.aio`,
+:mod:`.execution`), the watchdog enforces timeouts
 (:mod:`.watchdog`), the completer writes outcomes (:mod:`.completer`), the notifier
 listens (:mod:`.notifier`) and the maintenance thread keeps the table healthy
 (:mod:`.maintenance.loop`).
@@ -21,14 +22,16 @@ from sqlalchemy import Engine
 from sa_jobs.complete import Outcome
 from sa_jobs.errors import SchemaMissingError
 from sa_jobs.hooks import WorkHook, WorkHooks
+from sa_jobs.limits import Limit
 from sa_jobs.models import Job
 from sa_jobs.periodic.definition import PeriodicJob
-from sa_jobs.schema import PERIODIC_BRANCH, Features
+from sa_jobs.schema import LIMITS_BRANCH, PERIODIC_BRANCH, Features
 from sa_jobs.worker.aio import EventLoopThread
 from sa_jobs.worker.completer import BatchCompleter, Completer, InlineCompleter, OutcomeWriter
 from sa_jobs.worker.engines import WorkerEngines, prepare_warning
 from sa_jobs.worker.execution import Execution, Interrupt, run_async, run_sync
 from sa_jobs.worker.handlers import HandlerRegistry
+from sa_jobs.worker.limited_fetch import fetch_limited, plan_limits
 from sa_jobs.worker.maintenance.loop import MaintenanceConfig, MaintenanceLoop
 from sa_jobs.worker.notifier import ListenOptions, Notifier, check_same_database
 from sa_jobs.worker.pool import HandlerThreads
@@ -62,6 +65,9 @@ class RunSettings(Protocol):
     listen: ListenOptions
     periodic: list[PeriodicJob]
     hooks: list[WorkHook]
+
+    @property
+    def limits(self) -> tuple[Limit, ...]: ...
 
     @property
     def completer_kind(self) -> Literal["batch", "inline"]: ...
@@ -149,6 +155,9 @@ class WorkerRun:
             )
         if worker.listen.engine is not None:
             check_same_database(worker.listen.engine, self.engine)
+        limited = plan_limits(worker.limits, worker.queues)
+        if limited and not features.limits:
+            raise SchemaMissingError(LIMITS_BRANCH, "the worker declares limits")
         self.pool = HandlerThreads("sa_jobs-job", worker.stuck_thread_limit, self._release_slot)
         writer = OutcomeWriter(
             self.engine,
@@ -160,13 +169,18 @@ class WorkerRun:
             BatchCompleter(writer) if worker.completer_kind == "batch" else InlineCompleter(writer)
         )
         self.watchdog = Watchdog(worker.interrupt_grace)
+
+        def fetch(queue: str, free: int) -> list[Job[Any]]:
+            limits = limited.get(queue)
+            if limits is None:  # the plain fetch, as if limits did not exist
+                return fetch_jobs(self.engine, queue, free, worker.id, features=features)
+            return fetch_limited(self.engine, limits, free, worker.id, features=features)
+
         self.producers = {
             queue: Producer(
                 queue,
                 concurrency,
-                fetch=lambda q, limit: fetch_jobs(
-                    self.engine, q, limit, worker.id, features=features
-                ),
+                fetch=fetch,
                 dispatch=self._dispatch,
                 poll_interval=worker.poll_interval,
                 stopping=self.stopping_fetch,

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 
 from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.hooks import WorkHook, WorkHooks
+from sa_jobs.limits import Limit, check_worker_limits
 from sa_jobs.models import Job
 from sa_jobs.option_checks import check_queue, check_timeout
 from sa_jobs.options import UNSET
@@ -71,6 +72,9 @@ class Register(Protocol[A]):
 
 
 DEFAULT_JOB_TIMEOUT = dt.timedelta(minutes=1)
+#: How long :meth:`Worker.run_until_idle` waits before looking again for due jobs that
+#: its limits held back.
+LIMITED_RECHECK = 0.05
 
 
 class Worker:
@@ -135,6 +139,7 @@ class Worker:
         poll_only: bool = False,
         periodic: Iterable[PeriodicJob] = (),
         hooks: Iterable[WorkHook] = (),
+        limits: Iterable[Limit] = (),
     ) -> None:
         #: The periodic jobs this process fires (checked: distinct names).
         self.periodic: list[PeriodicJob] = check_periodic_jobs(periodic)
@@ -145,7 +150,9 @@ class Worker:
         self.engine: Engine = self.engines.sync
         self._run: WorkerRun | None = None
         self._stuck_limit_given = stuck_thread_limit
+        self._limits: tuple[Limit, ...] = ()
         self.queues = dict(queues if queues is not None else {"default": 10})
+        self._limits = check_worker_limits(limits, self.queues)
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         if retry_policy is not None and not callable(getattr(retry_policy, "next_delay", None)):
             raise InvalidOptionsError(
@@ -189,9 +196,15 @@ class Worker:
             raise InvalidOptionsError("queues", "cannot change while the worker runs; stop() it")
         checked = dict(queues)
         _check_queues(checked)
+        check_worker_limits(self._limits, checked)
         self._queues = checked
         if self._stuck_limit_given is None:
             self.stuck_thread_limit = sum(checked.values())
+
+    @property
+    def limits(self) -> tuple[Limit, ...]:
+        """The limits this worker's fetches enforce (checked against its queues)."""
+        return self._limits
 
     # ------------------------------------------------------------------ registration
 
@@ -339,10 +352,12 @@ class Worker:
         """Work every job that is due now in this worker's queues, then stop.
 
         Scheduled and retryable jobs that become due meanwhile are worked too; jobs due
-        later, and jobs of paused queues, are left alone. Meant for tests and scripts;
-        can be called again. It returns early, gracefully, on :meth:`stop` from another
-        thread or — called from the main thread — on SIGTERM/SIGINT, as :meth:`run` does
-        (a second signal cancels the running jobs); what is left stays queued.
+        later, and jobs of paused queues, are left alone; jobs a limit holds back are
+        waited for (a rate limit's next window, another process's running jobs). Meant
+        for tests and scripts; can be called again. It returns early, gracefully, on
+        :meth:`stop` from another thread or — called from the main thread — on
+        SIGTERM/SIGINT, as :meth:`run` does (a second signal cancels the running jobs);
+        what is left stays queued.
 
         Raises:
             TimeoutError: still busy after ``timeout`` seconds (the worker is stopped).
@@ -367,6 +382,10 @@ class Worker:
                         stop_requested.wait(0.005)
                     if not promoted and not self._due_work_left():
                         return
+                    if self._limits:
+                        # Due jobs a limit holds back (their scope is full elsewhere, or
+                        # its rate is spent) are looked for again after a pause, not at once.
+                        stop_requested.wait(LIMITED_RECHECK)
                 log.info("stopped before the queues were idle; what is left stays queued")
         finally:
             self.stop(cancel=run.cancel_requested.is_set())

@@ -30,6 +30,7 @@ ALL_REVISIONS = [
     "sajobs_job_key_0002",
     "sajobs_periodic_0001",
     "sajobs_queue_0001",
+    "sajobs_limits_0001",
 ]
 
 Run = Callable[..., tuple[int, str, str]]
@@ -108,6 +109,7 @@ def test_migrate_one_branch_then_the_rest_applies_only_whats_missing(cli: Run) -
         "sajobs_job_key_0002",
         "sajobs_periodic_0001",
         "sajobs_queue_0001",
+        "sajobs_limits_0001",
     ]
 
 
@@ -157,8 +159,9 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
         "sa_jobs_job_key": ("-", "sajobs_job_key_0001, sajobs_job_key_0002"),
         "sa_jobs_periodic": ("-", "sajobs_periodic_0001"),
         "sa_jobs_queue": ("-", "sajobs_queue_0001"),
+        "sa_jobs_limits": ("-", "sajobs_limits_0001"),
     }
-    assert out.splitlines()[-1] == "12 revisions pending: run sa-jobs migrate"
+    assert out.splitlines()[-1] == "13 revisions pending: run sa-jobs migrate"
 
     cli("migrate", "--target", "sajobs_core_0002")
     cli("migrate", "--target", "sajobs_unique_0001")
@@ -173,8 +176,9 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
         "sa_jobs_job_key": ("-", "sajobs_job_key_0001, sajobs_job_key_0002"),
         "sa_jobs_periodic": ("-", "sajobs_periodic_0001"),
         "sa_jobs_queue": ("-", "sajobs_queue_0001"),
+        "sa_jobs_limits": ("-", "sajobs_limits_0001"),
     }
-    assert out.splitlines()[-1] == "9 revisions pending: run sa-jobs migrate"
+    assert out.splitlines()[-1] == "10 revisions pending: run sa-jobs migrate"
 
     cli("migrate")
     _, out, _ = cli("migrate", "--status")
@@ -185,6 +189,7 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
         "sa_jobs_job_key": ("sajobs_job_key_0002", "-"),
         "sa_jobs_periodic": ("sajobs_periodic_0001", "-"),
         "sa_jobs_queue": ("sajobs_queue_0001", "-"),
+        "sa_jobs_limits": ("sajobs_limits_0001", "-"),
     }
     assert out.splitlines()[-1] == "up to date"
 

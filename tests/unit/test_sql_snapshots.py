@@ -27,6 +27,7 @@ from sqlalchemy.dialects.postgresql import psycopg
 
 from sa_jobs.complete import finish_statement
 from sa_jobs.insert_statement import _ROW_COLUMNS, ROWS_PARAM, InsertShape, insert_statement
+from sa_jobs.limits import ConcurrencyLimit, RateLimit
 from sa_jobs.options import JobKeyMode
 from sa_jobs.schema import ALL_FEATURES, NO_FEATURES, Features
 from sa_jobs.sequence import (
@@ -38,6 +39,13 @@ from sa_jobs.sequence import (
 )
 from sa_jobs.sql import json_recordset
 from sa_jobs.unique import release_expired_locks
+from sa_jobs.worker.limited_fetch import (
+    count_starts,
+    jobs_fetch_limited,
+    limits_usage,
+    lock_scopes,
+    plan_limits,
+)
 from sa_jobs.worker.maintenance.rescuer import jobs_orphaned
 from sa_jobs.worker.maintenance.scheduler import jobs_schedule_due
 from sa_jobs.worker.maintenance.sequence_repair import jobs_stalled_sequences
@@ -52,6 +60,17 @@ LIMIT = 100
 RESCUE_AFTER = 60.0
 JOB_IDS = [1, 2]
 SEQUENCE_KEYS = ["\\x01ab", "\\xff00"]
+
+
+#: A queue limit and a kind's two limits, as a worker would declare them.
+LIMITS = plan_limits(
+    [
+        ConcurrencyLimit(queue="mail", max_running=5),
+        ConcurrencyLimit(kind="send_email", max_running=2),
+        RateLimit(kind="send_email", max_starts=100, per=60),
+    ],
+    ["mail"],
+)["mail"]
 
 
 def _insert_rows() -> Any:
@@ -94,6 +113,11 @@ STATEMENTS: dict[str, Callable[[], Any]] = {
     "fetch_available_core": lambda: jobs_fetch_available(NO_FEATURES),
     "fetch_available_all_features": lambda: jobs_fetch_available(ALL_FEATURES),
     "fetch_available_queue_controls": lambda: jobs_fetch_available(Features(queue=True)),
+    # sa_jobs.worker.limited_fetch
+    "fetch_limited": lambda: jobs_fetch_limited(ALL_FEATURES),
+    "limits_lock_scopes": lambda: lock_scopes(LIMITS),
+    "limits_usage": lambda: limits_usage(LIMITS),
+    "limits_count_starts": lambda: count_starts(),
     # sa_jobs.worker.maintenance
     "schedule_due": lambda: jobs_schedule_due(LIMIT),
     "schedule_due_unique": lambda: jobs_schedule_due(LIMIT, unique=True),

@@ -1,0 +1,49 @@
+"""The ``sa_jobs_limits`` branch's schema: starts counted per time window, and the index
+that counts running jobs by queue and kind.
+
+Only fetches of limited queues read or write these; an installation that declares no
+limit pays one index entry per job that starts (measured in ``docs/performance.md``,
+"Limits").
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from sqlalchemy import CheckConstraint, DateTime, Index, Integer, Table, Text, text
+from sqlalchemy.orm import Mapped, mapped_column
+
+from sa_jobs.models import Base, job_table
+
+__all__ = ["RateWindow", "rate_window_table", "running_by_group_index"]
+
+
+class RateWindow(Base):
+    """How many jobs of one scope (``queue:NAME`` or ``kind:NAME``) started in one short
+    window of time; a :class:`~sa_jobs.RateLimit` sums the windows that end inside its
+    period. Written only under the scope's advisory lock (``sa_jobs.worker.limited_fetch``).
+    """
+
+    __tablename__ = "sa_job_rate_window"
+
+    scope: Mapped[str] = mapped_column(Text, primary_key=True)
+    window_start: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), primary_key=True)
+    #: Every start counted in this row happened before ``window_end``.
+    window_end: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    #: No period that needs the row reaches back past it once this instant passed.
+    keep_until: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+    starts: Mapped[int] = mapped_column(Integer)
+
+    __table_args__ = (CheckConstraint("starts >= 0", name="starts"),)
+
+
+rate_window_table: Table = RateWindow.__table__  # type: ignore[assignment]
+
+#: A concurrency limit counts the running jobs of its queue (the leading column) or of
+#: its kind (a scan of this small partial index: only running jobs are in it).
+running_by_group_index = Index(
+    "sa_job_running_group_idx",
+    job_table.c.queue,
+    job_table.c.kind,
+    postgresql_where=text("state IN ('running')"),
+)

@@ -1,0 +1,218 @@
+"""Limits across processes: how many jobs of a queue or kind may run at once, and how
+many may start per period, counted over every worker process.
+
+Declared in the worker's configuration, as River Pro and Oban Pro do::
+
+    Worker(engine, queues={"mail": 10, "api": 5}, limits=[
+        sa_jobs.ConcurrencyLimit(queue="mail", max_running=5),
+        sa_jobs.ConcurrencyLimit(kind=SendEmail, max_running=2),
+        sa_jobs.RateLimit(queue="api", max_starts=100, per=timedelta(minutes=1)),
+    ])
+
+Each value is checked where it is built, and the worker checks the set against its queues
+when it is constructed; nothing is written either way. The fetch that enforces them is
+:mod:`sa_jobs.worker.limited_fetch`; ``docs/queues.md`` ("Limits") says why it is sound.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Iterable, Mapping
+from typing import Literal
+
+import attrs
+
+from sa_jobs.args import kind_of
+from sa_jobs.errors import InvalidJobArgsError, InvalidOptionsError
+from sa_jobs.option_checks import MAX_QUEUE_LENGTH, check_queue, check_text
+
+__all__ = [
+    "MAX_LIMIT",
+    "MAX_RATE_PERIOD",
+    "MIN_RATE_PERIOD",
+    "ConcurrencyLimit",
+    "Limit",
+    "LimitScope",
+    "RateLimit",
+    "check_worker_limits",
+]
+
+#: The largest ``max_running`` / ``max_starts`` (they are bound as PostgreSQL integers).
+MAX_LIMIT = 2**31 - 1
+#: A rate period under a second would be decided by clock resolution and fetch latency
+#: rather than by the limit; longer than a year is a typo.
+MIN_RATE_PERIOD = dt.timedelta(seconds=1)
+MAX_RATE_PERIOD = dt.timedelta(days=365)
+
+
+@attrs.frozen
+class LimitScope:
+    """What a limit counts: the jobs of one queue (``by="queue"``) or of one kind."""
+
+    by: Literal["queue", "kind"]
+    name: str
+
+    @property
+    def key(self) -> str:
+        """The scope as one string (``queue:mail``, ``kind:send_email``): the rate
+        windows' ``scope`` column and the input of the advisory lock's number."""
+        return f"{self.by}:{self.name}"
+
+    def __str__(self) -> str:
+        return f"{self.by} {self.name!r}"
+
+
+def _kind_name(kind: object) -> str | None:
+    """A kind given as its args class or as its string."""
+    if kind is None or isinstance(kind, str):
+        return kind
+    try:
+        return kind_of(kind).name
+    except InvalidJobArgsError as exc:
+        raise InvalidOptionsError("kind", f"{exc} (or pass the kind as a string)") from None
+
+
+def _scope_of(option: str, queue: str | None, kind: str | None) -> LimitScope:
+    if (queue is None) == (kind is None):
+        raise InvalidOptionsError(
+            option,
+            "name exactly one of queue= or kind= (a limit counts the jobs of one queue, "
+            f"or of one kind in every queue), got queue={queue!r}, kind={kind!r}",
+        )
+    if queue is not None:
+        return LimitScope("queue", check_queue(queue))
+    assert kind is not None
+    if not kind.strip() or len(kind) > MAX_QUEUE_LENGTH:
+        raise InvalidOptionsError(
+            "kind", f"must be a job args class or a kind of 1 to 128 characters, got {kind!r}"
+        )
+    check_text("kind", kind)
+    return LimitScope("kind", kind)
+
+
+def _positive_count(option: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+        raise InvalidOptionsError(
+            option,
+            f"must be an int from 1 to {MAX_LIMIT}, got {value!r} (to stop a queue, pause "
+            "it or leave it out of the worker's queues)",
+        )
+    return value
+
+
+@attrs.frozen(kw_only=True)
+class ConcurrencyLimit:
+    """At most ``max_running`` jobs of a queue, or of a kind, run at once across every
+    worker process (not per process: that is the worker's ``queues`` concurrency).
+
+    Args:
+        max_running: The most jobs of the scope in ``running`` at any moment (>= 1).
+        queue: Count the jobs of this queue (the worker must serve it), or
+        kind: count the jobs of this kind (an args class or its kind string) in every
+            queue the worker serves. Exactly one of the two.
+
+    Raises:
+        InvalidOptionsError: both or neither scope, or a limit under 1.
+    """
+
+    max_running: int = attrs.field()
+    queue: str | None = None
+    kind: str | None = attrs.field(default=None, converter=_kind_name)
+
+    def __attrs_post_init__(self) -> None:
+        _scope_of("ConcurrencyLimit", self.queue, self.kind)
+        _positive_count("max_running", self.max_running)
+
+    @property
+    def scope(self) -> LimitScope:
+        return _scope_of("ConcurrencyLimit", self.queue, self.kind)
+
+
+def _period(value: object) -> dt.timedelta:
+    if isinstance(value, bool) or not isinstance(value, dt.timedelta | int | float):
+        raise InvalidOptionsError("per", f"must be a timedelta or seconds, got {value!r}")
+    if not isinstance(value, dt.timedelta):
+        if not math.isfinite(value):
+            raise InvalidOptionsError("per", f"must be finite, got {value!r}")
+        value = dt.timedelta(seconds=value)
+    if not MIN_RATE_PERIOD <= value <= MAX_RATE_PERIOD:
+        raise InvalidOptionsError(
+            "per",
+            f"must be from 1 second to 365 days, got {value}; for a finer rate, use a longer "
+            "period with a proportionally larger max_starts",
+        )
+    return value
+
+
+@attrs.frozen(kw_only=True)
+class RateLimit:
+    """At most ``max_starts`` jobs of a queue, or of a kind, start in any ``per``-long
+    stretch of time (a sliding window), across every worker process.
+
+    A start is a fetch: the moment a job becomes ``running``; a retry starts again and
+    counts again. The accounting keeps counts per twentieth of the period, so the limit
+    errs on the safe side by at most that much: under steady demand, a little over
+    ``max_starts`` per ``1.05 * per``.
+
+    Args:
+        max_starts: The most starts in any ``per``-long stretch (>= 1).
+        per: The window, a ``timedelta`` or seconds, from 1 second to 365 days.
+        queue: Count the starts of this queue (the worker must serve it), or
+        kind: count the starts of this kind (an args class or its kind string) in every
+            queue the worker serves. Exactly one of the two.
+
+    Raises:
+        InvalidOptionsError: both or neither scope, a limit under 1, or a period out of
+            range.
+    """
+
+    max_starts: int = attrs.field()
+    per: dt.timedelta = attrs.field(converter=_period)
+    queue: str | None = None
+    kind: str | None = attrs.field(default=None, converter=_kind_name)
+
+    def __attrs_post_init__(self) -> None:
+        _scope_of("RateLimit", self.queue, self.kind)
+        _positive_count("max_starts", self.max_starts)
+
+    @property
+    def scope(self) -> LimitScope:
+        return _scope_of("RateLimit", self.queue, self.kind)
+
+
+Limit = ConcurrencyLimit | RateLimit
+
+
+def check_worker_limits(limits: Iterable[object], queues: Mapping[str, int]) -> tuple[Limit, ...]:
+    """The worker's ``limits``, checked against the queues it serves.
+
+    Raises:
+        InvalidOptionsError: something that is not a limit, a queue limit on a queue the
+            worker does not serve, or two limits of one type on one scope.
+    """
+    if isinstance(limits, ConcurrencyLimit | RateLimit | str | bytes):
+        raise InvalidOptionsError("limits", f"must be a list of limits, got {limits!r}")
+    checked: list[Limit] = []
+    seen: set[tuple[type, LimitScope]] = set()
+    for limit in limits:
+        if not isinstance(limit, ConcurrencyLimit | RateLimit):
+            raise InvalidOptionsError(
+                "limits",
+                f"expected sa_jobs.ConcurrencyLimit or sa_jobs.RateLimit, got {limit!r}",
+            )
+        scope = limit.scope
+        if scope.by == "queue" and scope.name not in queues:
+            raise InvalidOptionsError(
+                "limits",
+                f"{type(limit).__name__} names queue {scope.name!r}, which this worker does "
+                f"not serve (its queues: {', '.join(sorted(queues))}); add the queue to "
+                "queues= or drop the limit",
+            )
+        if (type(limit), scope) in seen:
+            raise InvalidOptionsError(
+                "limits", f"two {type(limit).__name__}s for {scope}; keep one"
+            )
+        seen.add((type(limit), scope))
+        checked.append(limit)
+    return tuple(checked)
