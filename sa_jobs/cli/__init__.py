@@ -1,5 +1,5 @@
 """The ``sa-jobs`` command line: migrate, work, jobs, queue, periodic list, stats, health,
-bench, demo.
+bench, dashboard, demo.
 
 Every command returns an exit code from :func:`main`; expected failures (no such job,
 a job in the wrong state, an unreachable database, a missing schema) print one line to
@@ -22,7 +22,7 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, Operati
 
 import sa_jobs
 from sa_jobs import demo
-from sa_jobs.cli import bench, jobs, migrate, periodic, queues, settings, stats, work
+from sa_jobs.cli import bench, dashboard, jobs, migrate, periodic, queues, settings, stats, work
 from sa_jobs.cli.common import CommandError, Parser, first_line
 from sa_jobs.devdb import Server, normalize_url
 from sa_jobs.errors import SaJobsError
@@ -91,6 +91,7 @@ def _parser() -> argparse.ArgumentParser:
     periodic.add_commands(commands, common)
     queues.add_command(commands, common)
     bench.add_command(commands, common)
+    dashboard.add_command(commands, common)
     tour = commands.add_parser(
         "demo", parents=[common], help="a short tour against a throwaway database"
     )

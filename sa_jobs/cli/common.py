@@ -43,8 +43,9 @@ class UsageError(CommandError):
     exit_code = 2
 
 
-def engine_from(options: argparse.Namespace) -> Engine:
-    """An engine on the resolved ``--url``; one connection at a time."""
+def engine_from(options: argparse.Namespace, *, pool_size: int | None = None) -> Engine:
+    """An engine on the resolved ``--url``: one connection at a time, or a pool of
+    ``pool_size`` for a long-running command that makes many short queries."""
     raw = options.url
     if not raw:
         raise CommandError("no database; pass --url or set SA_JOBS_DATABASE_URL")
@@ -55,6 +56,8 @@ def engine_from(options: argparse.Namespace) -> Engine:
         raise CommandError(
             "the database URL cannot be parsed; expected e.g. postgresql://user@host:5432/dbname"
         ) from None
+    if pool_size is not None:
+        return create_engine(url, pool_size=pool_size)
     return create_engine(url, poolclass=NullPool)
 
 

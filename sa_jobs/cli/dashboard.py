@@ -1,0 +1,164 @@
+"""``sa-jobs dashboard``: the web dashboard (:mod:`sa_jobs.dashboard`) on its own server.
+
+It listens on 127.0.0.1 unless told otherwise, and refuses to listen anywhere else
+without credentials: HTTP basic auth from ``SA_JOBS_DASHBOARD_USER`` and
+``SA_JOBS_DASHBOARD_PASSWORD`` (environment only, so the password shows in no process
+list). Served by uvicorn, from the ``dashboard`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+import socket
+from typing import Any
+
+from sqlalchemy import Engine
+
+from sa_jobs.cli import settings
+from sa_jobs.cli.common import CommandError, engine_from
+from sa_jobs.cli.settings import Setting
+from sa_jobs.schema import Features, translate_missing_schema
+
+__all__ = ["PASSWORD_VARIABLE", "USER_VARIABLE", "add_command", "is_loopback"]
+
+DEFAULT_PORT = 8178
+USER_VARIABLE = "SA_JOBS_DASHBOARD_USER"
+PASSWORD_VARIABLE = "SA_JOBS_DASHBOARD_PASSWORD"
+
+
+def _port(text: str) -> int:
+    value = settings.positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a TCP port (1 to 65535)")
+    return value
+
+
+def _base_path(text: str) -> str:
+    value = text.strip().rstrip("/")
+    if value and not value.startswith("/"):
+        raise argparse.ArgumentTypeError(f"{text!r} must start with '/', e.g. /ops/jobs")
+    return value
+
+
+HOST = Setting("host", ("SA_JOBS_DASHBOARD_HOST",), str, "127.0.0.1", option="--host")
+PORT = Setting("port", ("SA_JOBS_DASHBOARD_PORT",), _port, DEFAULT_PORT, option="--port")
+READ_ONLY = Setting(
+    "read_only", ("SA_JOBS_DASHBOARD_READ_ONLY",), settings.flag, False, option="--read-only"
+)
+BASE_PATH = Setting(
+    "base_path", ("SA_JOBS_DASHBOARD_BASE_PATH",), _base_path, "", option="--base-path"
+)
+SETTINGS = (settings.URL, settings.LOG_LEVEL, HOST, PORT, READ_ONLY, BASE_PATH)
+
+
+def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
+    parser = commands.add_parser(
+        "dashboard",
+        parents=[common],
+        help="serve the web dashboard (127.0.0.1 unless told otherwise)",
+        description="Serve the sa_jobs web dashboard. It listens on 127.0.0.1 by default; "
+        f"to listen elsewhere set {USER_VARIABLE} and {PASSWORD_VARIABLE} (HTTP basic "
+        "auth), and put TLS in front of it.",
+    )
+    parser.add_argument(
+        "--host",
+        default=argparse.SUPPRESS,
+        help="the address to listen on (default: $SA_JOBS_DASHBOARD_HOST, else 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--port",
+        type=_port,
+        default=argparse.SUPPRESS,
+        help=f"the port (default: $SA_JOBS_DASHBOARD_PORT, else {DEFAULT_PORT})",
+    )
+    parser.add_argument(
+        "--read-only",
+        action=argparse.BooleanOptionalAction,
+        default=argparse.SUPPRESS,
+        help="show the queue but take no actions (default: $SA_JOBS_DASHBOARD_READ_ONLY, else off)",
+    )
+    parser.add_argument(
+        "--base-path",
+        type=_base_path,
+        default=argparse.SUPPRESS,
+        metavar="PATH",
+        help="the path prefix a reverse proxy serves the dashboard under and strips, "
+        "e.g. /ops/jobs (default: $SA_JOBS_DASHBOARD_BASE_PATH)",
+    )
+    parser.set_defaults(run=_run, settings=SETTINGS)
+
+
+def is_loopback(host: str) -> bool:
+    """True when every address ``host`` names is this machine's loopback."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    return bool(addresses) and all(
+        ipaddress.ip_address(str(address).split("%")[0]).is_loopback for address in addresses
+    )
+
+
+def _credentials() -> tuple[str, str] | None:
+    user = os.environ.get(USER_VARIABLE, "")
+    password = os.environ.get(PASSWORD_VARIABLE, "")
+    if bool(user) != bool(password):
+        raise CommandError(f"set both {USER_VARIABLE} and {PASSWORD_VARIABLE}, or neither")
+    return (user, password) if user else None
+
+
+def _run(options: argparse.Namespace) -> int:
+    credentials = _credentials()
+    if credentials is None and not is_loopback(options.host):
+        raise CommandError(
+            f"refusing to serve the dashboard on {options.host} without auth: set "
+            f"{USER_VARIABLE} and {PASSWORD_VARIABLE}, or listen on 127.0.0.1"
+        )
+    try:
+        import uvicorn
+
+        from sa_jobs.dashboard import basic_auth, create_app
+    except ImportError as exc:
+        raise CommandError(
+            f"sa-jobs dashboard needs the 'dashboard' extra ({exc.name} is missing): "
+            "pip install 'sa-jobs[dashboard]'"
+        ) from None
+    engine = engine_from(options, pool_size=5)
+    try:
+        _check_schema(engine)
+        app = create_app(
+            engine,
+            auth=basic_auth(*credentials) if credentials else None,
+            read_only=options.read_only,
+            base_path=options.base_path,
+        )
+        where = f"http://{_host_in_url(options.host)}:{options.port}{options.base_path}/"
+        print(f"sa_jobs dashboard on {where}" + (" (read-only)" if options.read_only else ""))
+        uvicorn.run(
+            app,
+            host=options.host,
+            port=options.port,
+            log_level=(options.log_level or "WARNING").lower(),
+            # Behind a proxy that sets them, links and the CSRF origin check use the
+            # client's view of the host.
+            proxy_headers=True,
+        )
+    finally:
+        engine.dispose()
+    return 0
+
+
+def _check_schema(engine: Engine) -> None:
+    """Fail now, in one line, on an unreachable database or a missing schema."""
+    with translate_missing_schema(), engine.connect() as connection:
+        Features.of(connection)
+
+
+def _host_in_url(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,83 @@
+"""``create_app``: the dashboard as one Starlette application (its routes and middleware)."""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine
+from sqlalchemy.ext.asyncio import AsyncEngine
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from sa_jobs.dashboard import actions, bulk, pages
+from sa_jobs.dashboard.context import Dashboard
+from sa_jobs.dashboard.database import Database
+from sa_jobs.dashboard.rendering import Renderer
+from sa_jobs.dashboard.security import Auth, AuthGate
+from sa_jobs.errors import InvalidOptionsError
+
+__all__ = ["create_app"]
+
+
+def create_app(
+    engine: Engine | AsyncEngine,
+    *,
+    auth: Auth | None = None,
+    read_only: bool = False,
+    base_path: str = "",
+) -> Starlette:
+    """The sa_jobs dashboard, an ASGI application.
+
+    Mount it in your own app (``app.mount("/jobs", create_app(engine, auth=...))``), or
+    run it on its own with ``sa-jobs dashboard``.
+
+    Args:
+        engine: Where the jobs are: a sync ``Engine`` (queries run in a thread pool) or
+            an ``AsyncEngine``.
+        auth: Called with every request (a Starlette ``Request``); returns True to let it
+            in, False to refuse it (403), or a ``Response`` to send instead; may be async.
+            ``sa_jobs.dashboard.basic_auth(user, password)`` makes one. None lets
+            everyone in: only for a dashboard that nobody else can reach.
+        read_only: Hide every action, and refuse them (403).
+        base_path: The path prefix browsers reach the dashboard at when a proxy in front
+            strips it (``"/ops/jobs"``). Not needed when mounted: the mount's path is
+            seen on its own.
+
+    Raises:
+        InvalidOptionsError: a ``base_path`` that is not ``""`` or ``"/something"``, an
+            ``auth`` that is not callable, or not an engine.
+    """
+    if base_path and (not base_path.startswith("/") or base_path.endswith("/")):
+        raise InvalidOptionsError(
+            "base_path",
+            f"must start with '/' and not end with one (e.g. '/jobs'), got {base_path!r}",
+        )
+    if auth is not None and not callable(auth):
+        raise InvalidOptionsError(
+            "auth", "must be a callable taking the request (see sa_jobs.dashboard.basic_auth)"
+        )
+    dashboard = Dashboard(
+        database=Database(engine),
+        renderer=Renderer(base_path=base_path, read_only=read_only),
+        read_only=read_only,
+    )
+    routes = [
+        Route("/", pages.overview, name="overview"),
+        Route("/jobs", pages.jobs, name="jobs"),
+        Route("/jobs/{job_id:int}", pages.job, name="job"),
+        Route("/jobs/{job_id:int}/retry", actions.retry, methods=["POST"]),
+        Route("/jobs/{job_id:int}/cancel", actions.cancel, methods=["POST"]),
+        Route("/jobs/{job_id:int}/delete", bulk.delete, methods=["POST"]),
+        Route("/jobs/bulk", bulk.bulk, methods=["POST"]),
+        Route("/sequences", pages.sequences, name="sequences"),
+        Route("/sequences/{job_id:int}/resume", actions.resume_sequence, methods=["POST"]),
+        Route("/periodic", pages.periodic, name="periodic"),
+        Route("/periodic/run", actions.run_periodic_now, methods=["POST"]),
+        Route("/workers", pages.workers, name="workers"),
+        Route("/queues/pause", actions.pause, methods=["POST"]),
+        Route("/queues/resume", actions.unpause, methods=["POST"]),
+        Mount("/static", StaticFiles(packages=[("sa_jobs.dashboard", "static")]), name="static"),
+    ]
+    app = Starlette(routes=routes, middleware=[Middleware(AuthGate, auth=auth)])
+    app.state.dashboard = dashboard
+    return app

@@ -1,0 +1,109 @@
+"""The dashboard's pages (GET): overview, jobs, one job, sequences, periodic jobs, workers.
+
+Each handler reads what its page shows in one short transaction
+(:class:`~sa_jobs.dashboard.database.Database`) and renders it; none of them writes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from sa_jobs.dashboard import queries
+from sa_jobs.dashboard.charts import hour_chart
+from sa_jobs.dashboard.context import Dashboard
+from sa_jobs.dashboard.periodic_view import STALE_AFTER, periodic_view
+from sa_jobs.dashboard.queue_view import QueuesView, queues_view
+from sa_jobs.queue_stats import Stats, stats
+
+__all__ = ["job", "jobs", "overview", "periodic", "sequences", "workers"]
+
+
+async def overview(request: Request) -> Response:
+    dashboard = Dashboard.of(request)
+
+    def read(session: Any) -> tuple[Stats, QueuesView, queries.Throughput]:
+        # sa_jobs.stats: the same figures as `sa-jobs stats` (estimates past its limit).
+        figures = stats(session)
+        return figures, queues_view(session, figures), queries.throughput(session)
+
+    figures, queues, hour = await dashboard.database.read(read)
+    return dashboard.renderer.page(
+        request,
+        "overview.html",
+        stats=figures,
+        queues=queues,
+        chart=hour_chart(hour.minutes),
+        capped=hour.capped,
+    )
+
+
+async def jobs(request: Request) -> Response:
+    dashboard = Dashboard.of(request)
+    try:
+        jobs_filter = queries.ListFilter.from_params(request.query_params)
+        before = _optional_id(request.query_params.get("before", ""))
+    except ValueError as exc:
+        return dashboard.error_page(request, 400, str(exc))
+
+    def read(session: Any) -> queries.JobPage:
+        return queries.list_jobs(session, jobs_filter, before)
+
+    page = await dashboard.database.read(read)
+    return dashboard.renderer.page(
+        request,
+        "jobs.html",
+        filter=jobs_filter,
+        result=page,
+        before=before,
+        window=queries.SCAN_WINDOW,
+    )
+
+
+async def job(request: Request) -> Response:
+    dashboard = Dashboard.of(request)
+    job_id: int = request.path_params["job_id"]
+
+    def read(session: Any) -> queries.JobDetail | None:
+        return queries.job_detail(session, job_id)
+
+    detail = await dashboard.database.read(read)
+    if detail is None:
+        return dashboard.error_page(request, 404, f"There is no job {job_id}.")
+    return dashboard.renderer.page(request, "job.html", detail=detail, job=detail.job)
+
+
+async def sequences(request: Request) -> Response:
+    dashboard = Dashboard.of(request)
+    halted = await dashboard.database.read(queries.halted_sequences)
+    return dashboard.renderer.page(request, "sequences.html", halted=halted, cap=queries.LIST_CAP)
+
+
+async def periodic(request: Request) -> Response:
+    dashboard = Dashboard.of(request)
+    view = await dashboard.database.read(periodic_view)
+    return dashboard.renderer.page(request, "periodic.html", view=view, stale_after=STALE_AFTER)
+
+
+async def workers(request: Request) -> Response:
+    dashboard = Dashboard.of(request)
+    view = await dashboard.database.read(queries.workers)
+    return dashboard.renderer.page(request, "workers.html", view=view, cap=queries.LIST_CAP)
+
+
+#: Job ids are bigint.
+MAX_ID = 2**63 - 1
+
+
+def _optional_id(text: str) -> int | None:
+    if not text.strip():
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a job id") from None
+    if not 1 <= value <= MAX_ID:
+        raise ValueError(f"{text!r} is not a job id")
+    return value
