@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -197,6 +198,8 @@ class Producer(Service):
         self._poll_interval = poll_interval
         self._lock = threading.Lock()
         self._free = concurrency
+        #: Free slots that make a busy producer fetch before its cooldown has passed.
+        self._half = max(1, concurrency // 2)
         self._wake = threading.Event()
         # True once a fetch found nothing while no job was running; reset by any activity.
         self._drained = False
@@ -208,11 +211,18 @@ class Producer(Service):
         self._wake.set()
 
     def release(self) -> None:
-        """A job of this queue has settled; its slot is free."""
+        """A job of this queue has settled; its slot is free.
+
+        The producer is woken when there is a fetch worth making: the first free slot
+        of a full queue, or half the slots free (see :meth:`_fill_slots`); not once per
+        job, which cost a thread wake-up per job on a busy worker.
+        """
         with self._lock:
             self._free += 1
             self._drained = False
-        self._wake.set()
+            worth_a_fetch = self._free == 1 or self._free == self._half
+        if worth_a_fetch:
+            self._wake.set()
 
     @property
     def free(self) -> int:
@@ -238,6 +248,17 @@ class Producer(Service):
                 self.stopping.wait(self._backoff.next_wait())
             self.passed()
 
+    def _await_half_free(self, deadline: float) -> int:
+        """Wait until half the slots are free or ``deadline``; return the free slots."""
+        while True:
+            with self._lock:
+                free = self._free
+            left = deadline - time.monotonic()
+            if free >= self._half or left <= 0 or self.stopping.is_set():
+                return free
+            self._wake.wait(left)
+            self._wake.clear()
+
     def _fill_slots(self) -> None:
         """Fetch and dispatch until the slots are full or the queue has nothing due."""
         while not self.stopping.is_set():
@@ -245,12 +266,12 @@ class Producer(Service):
                 free = self._free
             if free == 0:
                 return
-            if free < self.concurrency // 2:
-                # Busy: let a few more slots free up so the next fetch is a fuller
-                # batch (one round trip for several jobs). An idle queue never waits.
-                self.stopping.wait(FETCH_COOLDOWN)
-                with self._lock:
-                    free = self._free
+            if free < self._half:
+                # Busy: let more slots free up so the next fetch is a fuller batch (one
+                # round trip for several jobs) — until half are free or the cooldown
+                # has passed, whichever comes first. An idle queue never waits, and
+                # fast handlers are not held up by a fixed pause.
+                free = self._await_half_free(time.monotonic() + FETCH_COOLDOWN)
             jobs = self._fetch(self.queue, free)
             with self._lock:
                 self._free -= len(jobs)

@@ -140,6 +140,47 @@ def test_release_frees_a_slot_and_wakes_the_producer_at_once(
     assert producer.free == 0
 
 
+def test_a_busy_producer_fetches_once_half_its_slots_are_free_not_after_a_fixed_pause(
+    running: Callable[[Producer], Producer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The cooldown lets slots accumulate for a fuller batch; with a fixed pause, fast
+    # handlers sat idle for it on every batch (a sync no-op drain ran at ~0.35x the floor,
+    # 0.6x without). Half the slots free is batch enough: the fetch goes at once.
+    monkeypatch.setattr(producer_module, "FETCH_COOLDOWN", 30.0)
+    fake = FakeQueue(due=100)
+    releasing: list[Producer] = []
+
+    def dispatch(jobs: list[Job]) -> None:
+        fake.dispatch(jobs)
+        # Fast handlers: each slot comes back a few milliseconds later, from another
+        # thread, as a completion would.
+        for _ in jobs:
+            threading.Timer(0.01, releasing[0].release).start()
+
+    producer = a_producer(fake, concurrency=10, poll_interval=30, dispatch=dispatch)
+    releasing.append(producer)
+    running(producer)
+    producer.wake()
+
+    assert eventually(lambda: len(fake.limits) >= 5, timeout=2)  # not one per 30 s
+    assert all(limit >= 5 for limit in fake.limits)  # still batches, not one job each
+
+
+def test_a_busy_producer_still_fetches_what_is_free_once_the_cooldown_passes(
+    running: Callable[[Producer], Producer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(producer_module, "FETCH_COOLDOWN", 0.05)
+    fake = FakeQueue(due=20)
+    producer = running(a_producer(fake, concurrency=10, poll_interval=30))
+    producer.wake()
+    assert eventually(lambda: fake.limits == [10])
+
+    producer.release()  # one slot of ten: less than half, so wait the cooldown
+
+    assert eventually(lambda: fake.limits == [10, 1], timeout=2)
+    assert fake.times[1] - fake.times[0] >= 0.05
+
+
 def test_under_load_running_jobs_never_exceed_the_slots(
     running: Callable[[Producer], Producer],
 ) -> None:
