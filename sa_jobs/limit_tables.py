@@ -1,9 +1,8 @@
-"""The ``sa_jobs_limits`` branch's schema: starts counted per time window, and the index
-that counts running jobs by queue and kind.
+"""The ``sa_jobs_limits`` branch's schema: starts counted per time window.
 
-Only fetches of limited queues read or write these; an installation that declares no
-limit pays one index entry per job that starts (measured in ``docs/performance.md``,
-"Limits").
+Only fetches of limited queues read or write it. Running jobs are counted through the
+core's ``sa_job_running_idx``: an index of its own (queue, kind) cost every started job
+an index entry, limits or not (measured in ``docs/performance.md``, "Limits").
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from sa_jobs.models import Base, job_table
 
-__all__ = ["RateWindow", "rate_window_table", "running_by_group_index"]
+__all__ = ["RateWindow", "rate_window_table"]
 
 
 class RateWindow(Base):
@@ -38,12 +37,3 @@ class RateWindow(Base):
 
 
 rate_window_table: Table = RateWindow.__table__  # type: ignore[assignment]
-
-#: A concurrency limit counts the running jobs of its queue (the leading column) or of
-#: its kind (a scan of this small partial index: only running jobs are in it).
-running_by_group_index = Index(
-    "sa_job_running_group_idx",
-    job_table.c.queue,
-    job_table.c.kind,
-    postgresql_where=text("state IN ('running')"),
-)

@@ -1,4 +1,4 @@
-"""sa_jobs limits: start counts per time window, and running jobs by queue and kind.
+"""sa_jobs limits: start counts per time window.
 
 Revision ID: sajobs_limits_0001
 Revises:
@@ -7,9 +7,10 @@ Create Date: 2026-11-25
 
 The root of the ``sa_jobs_limits`` branch (``sa_jobs.ConcurrencyLimit``,
 ``sa_jobs.RateLimit``). A rate limit sums the rows of ``sa_job_rate_window`` whose window
-ends inside its period; a concurrency limit counts running jobs through
-``sa_job_running_group_idx``. Both are read and written only by fetches of limited
-queues, under the scope's advisory lock.
+ends inside its period; a concurrency limit counts running jobs through the core's
+``sa_job_running_idx`` (no index of this branch's own: it would cost every started job an
+entry, limits or not). Read and written only by fetches of limited queues, under the
+scope's advisory lock.
 """
 
 from __future__ import annotations
@@ -36,14 +37,7 @@ def upgrade() -> None:
         sa.CheckConstraint("starts >= 0", name=op.f("sa_job_rate_window_starts_check")),
         sa.PrimaryKeyConstraint("scope", "window_start", name=op.f("sa_job_rate_window_pkey")),
     )
-    op.create_index(
-        op.f("sa_job_running_group_idx"),
-        "sa_job",
-        ["queue", "kind"],
-        postgresql_where=sa.text("state IN ('running')"),
-    )
 
 
 def downgrade() -> None:
-    op.drop_index(op.f("sa_job_running_group_idx"), table_name="sa_job")
     op.drop_table("sa_job_rate_window")
