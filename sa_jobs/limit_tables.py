@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import datetime as dt
 
-from sqlalchemy import CheckConstraint, DateTime, Index, Integer, Table, Text, text
+from sqlalchemy import CheckConstraint, DateTime, Integer, Table, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from sa_jobs.models import Base, job_table
+from sa_jobs.models import Base
 
 __all__ = ["RateWindow", "rate_window_table"]
 
