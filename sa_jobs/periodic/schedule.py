@@ -61,7 +61,7 @@ class IntervalSchedule:
 
     @property
     def description(self) -> str:
-        return f"every {self.interval.total_seconds():g}s"
+        return f"every {interval_text(self.interval)}"
 
     def after(self, anchor: dt.datetime, instant: dt.datetime) -> dt.datetime:
         steps = (instant - anchor) // self.interval + 1
@@ -106,6 +106,23 @@ class CronSchedule:
                     return
         except CronSimError as exc:  # pragma: no cover - parsed when built
             raise InvalidOptionsError("schedule", str(exc)) from None
+
+
+def interval_text(interval: dt.timedelta) -> str:
+    """An exact, readable text of a positive interval: ``"1h 30m"``, ``"14d 1s"``,
+    ``"1.000001s"``. Distinct intervals give distinct texts (the row's schedule is
+    compared as text), which a float rendering like ``"1.2096e+06s"`` would not."""
+    days, rest = interval.days, interval.seconds
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    parts = [
+        f"{value}{unit}" for value, unit in ((days, "d"), (hours, "h"), (minutes, "m")) if value
+    ]
+    if interval.microseconds:
+        parts.append(f"{seconds}.{interval.microseconds:06d}".rstrip("0") + "s")
+    elif seconds or not parts:
+        parts.append(f"{seconds}s")
+    return " ".join(parts)
 
 
 def build_schedule(schedule: object, tz: object) -> Schedule:

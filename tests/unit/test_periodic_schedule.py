@@ -117,7 +117,42 @@ def test_an_interval_keeps_its_phase_from_the_anchor() -> None:
     assert schedule.before(anchor, anchor + dt.timedelta(minutes=20)) == anchor + dt.timedelta(
         minutes=10
     )
-    assert schedule.description == "every 600s"
+    assert schedule.description == "every 10m"
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (dt.timedelta(days=14), dt.timedelta(days=14, seconds=1)),
+        (SECOND, dt.timedelta(seconds=1, microseconds=1)),
+        (dt.timedelta(hours=1), dt.timedelta(minutes=61)),
+    ],
+)
+def test_distinct_intervals_have_distinct_schedule_texts(
+    first: dt.timedelta, second: dt.timedelta
+) -> None:
+    # The row's schedule is compared as text: two intervals with one text would let a
+    # changed schedule go unnoticed.
+    assert IntervalSchedule(first).description != IntervalSchedule(second).description
+
+
+@pytest.mark.parametrize(
+    ("interval", "text"),
+    [
+        (SECOND, "every 1s"),
+        (dt.timedelta(seconds=90), "every 1m 30s"),
+        (dt.timedelta(minutes=90), "every 1h 30m"),
+        (dt.timedelta(days=14), "every 14d"),
+        (dt.timedelta(days=14, seconds=1), "every 14d 1s"),
+        (dt.timedelta(seconds=1, microseconds=1), "every 1.000001s"),
+        (dt.timedelta(seconds=2, milliseconds=500), "every 2.5s"),
+        (dt.timedelta(days=1, hours=2, minutes=3, seconds=4), "every 1d 2h 3m 4s"),
+    ],
+)
+def test_an_interval_describes_itself_exactly_and_readably(
+    interval: dt.timedelta, text: str
+) -> None:
+    assert IntervalSchedule(interval).description == text
 
 
 # ------------------------------------------------------------------ catch-up
