@@ -144,11 +144,65 @@ def test_run_on_start_fires_when_the_schedule_is_new_not_at_every_restart(engine
 def test_a_changed_schedule_starts_over_from_the_new_one(engine: Engine) -> None:
     clock = Clock(T0)
     tick(engine, PeriodicTicker([PeriodicJob("0 3 * * *", Report(), name="r")], clock=clock))
+    clock.advance(SECOND)  # a process started later, with the new code
     changed = PeriodicJob("*/5 * * * *", Report(), name="r")
     tick(engine, PeriodicTicker([changed], clock=clock))
     row = state(engine, "r")
     assert row.schedule == "*/5 * * * * (UTC)"
     assert row.next_run_at == dt.datetime(2026, 5, 4, 12, 5, tzinfo=UTC)
+
+
+@pytest.fixture
+def register_every_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sa_jobs.worker.maintenance.periodic.REGISTER_INTERVAL", 0.0)
+
+
+@pytest.mark.usefixtures("register_every_tick")
+def test_in_a_rolling_deploy_the_newest_process_decides_the_schedule_once(
+    engine: Engine,
+) -> None:
+    # An old and a new version of the code disagree on the schedule and both keep
+    # re-registering. The newer process's schedule takes over once; the older one never
+    # takes it back, so nothing is reset, repeated or skipped.
+    clock = Clock(T0)
+    old = PeriodicTicker(
+        [PeriodicJob(dt.timedelta(hours=1), Report(), name="r", run_on_start=True)], clock=clock
+    )
+    new = PeriodicTicker(
+        [PeriodicJob(dt.timedelta(minutes=90), Report(), name="r", run_on_start=True)],
+        clock=clock,
+    )
+    tick(engine, old)  # the old version's first deploy: its run_on_start fires
+    clock.advance(MINUTE)
+    new_start = clock.now
+    while clock.now < T0 + dt.timedelta(hours=5):
+        tick(engine, new)
+        clock.advance(30 * SECOND)
+        tick(engine, old)
+        clock.advance(30 * SECOND)
+    ninety = dt.timedelta(minutes=90)
+    assert instants(engine, "r") == [T0, *(new_start + k * ninety for k in range(4))]
+    assert state(engine, "r").schedule == "every 1h 30m"
+
+
+@pytest.mark.usefixtures("register_every_tick")
+def test_a_process_started_earlier_never_takes_the_schedule_back(engine: Engine) -> None:
+    clock = Clock(T0)
+    hourly = PeriodicJob(dt.timedelta(hours=1), Report(), name="r")
+    every_two = PeriodicJob(dt.timedelta(hours=2), Report(), name="r")
+    old, new = PeriodicTicker([hourly], clock=clock), PeriodicTicker([every_two], clock=clock)
+    tick(engine, old)
+    clock.advance(SECOND)
+    tick(engine, new)
+    for _ in range(3):
+        tick(engine, new)
+        tick(engine, old)
+    row = state(engine, "r")
+    assert (row.schedule, row.next_run_at) == ("every 2h", T0 + SECOND + 2 * dt.timedelta(hours=1))
+    # A process started later still (a rollback) decides again.
+    clock.advance(SECOND)
+    tick(engine, PeriodicTicker([hourly], clock=clock))
+    assert state(engine, "r").schedule == "every 1h"
 
 
 # ------------------------------------------------------------------ catch-up
@@ -414,6 +468,7 @@ def test_periodic_list_shows_names_schedules_last_and_next_runs(
     ticker = PeriodicTicker(
         [
             every_minute(),
+            PeriodicJob(dt.timedelta(days=14, seconds=1), Report(), name="two_weeks"),
             PeriodicJob("0 9 * * MON-FRI", Report(), name="weekday", tz="Europe/Paris"),
         ],
         clock=clock,
@@ -439,9 +494,11 @@ def test_periodic_list_shows_names_schedules_last_and_next_runs(
         "(UTC)",
     ]
     assert lines[1].startswith("minutely")
-    assert "every 60s" in lines[1]
+    assert "every 1m " in lines[1]
     assert "2026-05-04 12:01:00+00:00" in lines[1]  # last run
     assert "2026-05-04 12:02:00+00:00" in lines[1]  # next run
-    assert lines[2].startswith("weekday")
-    assert "0 9 * * MON-FRI (Europe/Paris)" in lines[2]
-    assert "2026-05-05 07:00:00+00:00" in lines[2]
+    assert lines[2].startswith("two_weeks")
+    assert "every 14d 1s " in lines[2]
+    assert lines[3].startswith("weekday")
+    assert "0 9 * * MON-FRI (Europe/Paris)" in lines[3]
+    assert "2026-05-05 07:00:00+00:00" in lines[3]
