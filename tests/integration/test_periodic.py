@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from zoneinfo import ZoneInfo
 
 import pytest
-from sqlalchemy import URL, Engine, select
+from sqlalchemy import URL, DateTime, Engine, literal, null, select
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
@@ -21,8 +21,8 @@ from sa_jobs.cli import main
 from sa_jobs.errors import InvalidOptionsError, PeriodicJobNotFoundError, SchemaMissingError
 from sa_jobs.models import PeriodicState
 from sa_jobs.periodic import periodic_jobs, run_now
-from sa_jobs.periodic.state import periodic_advance
 from sa_jobs.schema import PERIODIC_BRANCH
+from sa_jobs.worker.maintenance import periodic as ticking
 from sa_jobs.worker.maintenance.periodic import PeriodicRetirer, PeriodicTicker
 from tests.helpers import url_text, wait_until
 
@@ -283,26 +283,27 @@ def test_fall_back_runs_the_repeated_time_once(engine: Engine) -> None:
 # ------------------------------------------------------------------ exactly once, concurrently
 
 
-def test_a_ticker_that_read_a_stale_row_inserts_nothing(engine: Engine) -> None:
+def test_a_ticker_that_read_a_stale_row_inserts_nothing(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     clock = Clock(T0)
     ticker = PeriodicTicker([every_minute()], clock=clock)
     tick(engine, ticker)
     stale = state(engine, "minutely").next_run_at
     clock.advance(MINUTE + SECOND)
     assert tick(engine, ticker) == 1
-    # A split-brain second process that read the row before that tick committed: its
-    # compare-and-set matches nothing, so it has no instant to insert a job for.
-    with engine.begin() as connection:
-        moved = connection.execute(
-            periodic_advance(
-                "minutely",
-                read_next=stale,
-                read_request=None,
-                next_run_at=stale + MINUTE,
-                last_run_at=stale,
-            )
-        ).first()
-    assert moved is None
+    # A split-brain second process that read the row before that tick committed (a
+    # paused VM, a lost lease): its due-rows query answers the state it read. Its
+    # compare-and-set matches nothing, so it inserts no job for that instant again.
+    stale_read = select(
+        literal("minutely").label("name"),
+        literal(stale, DateTime(timezone=True)).label("next_run_at"),
+        null().label("run_now_requested_at"),
+    )
+    monkeypatch.setattr(ticking, "periodic_due", lambda _schedules, _now: stale_read)
+    split_brain = PeriodicTicker([every_minute()], clock=clock)
+    assert tick(engine, split_brain) == 0
+    assert instants(engine, "minutely") == [T0 + MINUTE]
 
 
 def test_a_second_ticker_skips_the_row_another_is_firing(engine: Engine) -> None:
