@@ -147,7 +147,7 @@ def build_schedule(schedule: object, tz: object) -> Schedule:
             "schedule",
             f"must be a cron expression (str) or a datetime.timedelta, got {schedule!r}",
         )
-    expression = " ".join(schedule.split())
+    expression = _expand_macro(" ".join(schedule.split()))
     zone = _zone(tz)
     try:
         CronSim(expression, dt.datetime.now(zone))
@@ -162,6 +162,37 @@ def build_schedule(schedule: object, tz: object) -> Schedule:
     now = dt.datetime.now(dt.UTC)
     cron.after(now, now)  # one that never fires (Feb 30) fails here
     return cron
+
+
+#: Cron's "@" shorthands, as the expressions they stand for (cronsim has none of them).
+MACROS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+
+
+def _expand_macro(expression: str) -> str:
+    if not expression.startswith("@"):
+        return expression
+    if expression.lower() == "@reboot":
+        raise InvalidOptionsError(
+            "schedule",
+            "'@reboot' means every start of a process, which a durable schedule shared by "
+            "all workers does not have; use run_on_start=True to fire once when the "
+            "schedule is new, or a real schedule",
+        )
+    expanded = MACROS.get(expression.lower())
+    if expanded is None:
+        raise InvalidOptionsError(
+            "schedule",
+            f"{expression!r} is not a cron shorthand; known ones: {', '.join(MACROS)}",
+        )
+    return expanded
 
 
 def _zone(tz: object) -> dt.tzinfo:

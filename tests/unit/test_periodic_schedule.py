@@ -4,6 +4,7 @@ that keep their phase, and the catch-up plan. No database."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import itertools
 from zoneinfo import ZoneInfo
 
@@ -278,6 +279,61 @@ def test_args_must_be_job_args_or_a_factory() -> None:
     broken = sa_jobs.PeriodicJob("0 9 * * *", lambda: "not args", name="c")
     with pytest.raises(InvalidJobArgsError):
         broken.build_args()
+
+
+@sa_jobs.job_args(kind="periodic_unit_needs_a_day")
+class NeedsADay:
+    day: str
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [NeedsADay, lambda day: NeedsADay(day), functools.partial(lambda a, b: Report(), 1)],
+    ids=["class with a required field", "lambda with an argument", "partial still short"],
+)
+def test_a_factory_that_needs_arguments_is_refused_when_built(factory: object) -> None:
+    with pytest.raises(InvalidOptionsError, match="cannot be called with no arguments") as caught:
+        sa_jobs.PeriodicJob("0 9 * * *", factory, name="report")
+    assert caught.value.option == "args"
+
+
+def test_factories_callable_with_no_arguments_are_accepted() -> None:
+    def with_defaults(day: str = "today", *rest: object, **more: object) -> Report:
+        return Report(day=day)
+
+    for factory in (with_defaults, functools.partial(NeedsADay, "monday"), Report):
+        sa_jobs.PeriodicJob("0 9 * * *", factory, name="report")
+    # A builtin without a signature cannot be checked: it is given the benefit of the doubt.
+    sa_jobs.PeriodicJob("0 9 * * *", dict, name="report")
+
+
+@pytest.mark.parametrize(
+    ("macro", "expression"),
+    [
+        ("@hourly", "0 * * * *"),
+        ("@daily", "0 0 * * *"),
+        ("@midnight", "0 0 * * *"),
+        ("@weekly", "0 0 * * 0"),
+        ("@monthly", "0 0 1 * *"),
+        ("@yearly", "0 0 1 1 *"),
+        ("@annually", "0 0 1 1 *"),
+        ("@DAILY", "0 0 * * *"),
+    ],
+)
+def test_cron_shorthands_mean_their_expressions(macro: str, expression: str) -> None:
+    schedule = build_schedule(macro, "Europe/Paris")
+    assert schedule.description == build_schedule(expression, "Europe/Paris").description
+    start = dt.datetime(2026, 5, 4, 12, 30, tzinfo=UTC)
+    assert schedule.after(start, start) == build_schedule(expression, "Europe/Paris").after(
+        start, start
+    )
+
+
+def test_reboot_and_unknown_shorthands_are_refused_with_a_reason() -> None:
+    with pytest.raises(InvalidOptionsError, match="run_on_start"):
+        build_schedule("@reboot", None)
+    with pytest.raises(InvalidOptionsError, match="not a cron shorthand"):
+        build_schedule("@fortnightly", None)
 
 
 def test_two_periodic_jobs_with_one_name_are_refused() -> None:
