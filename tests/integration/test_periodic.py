@@ -395,9 +395,30 @@ def test_periodic_jobs_gone_from_the_code_retire_after_the_grace(engine: Engine)
     tick(engine, PeriodicTicker([every_minute()], clock=clock))  # "old" was removed
     retirer = PeriodicRetirer(dt.timedelta(days=2), clock=clock)
     with engine.begin() as connection:
+        assert retirer.run_once(connection) == 0  # it first lets running workers re-mark
+    clock.advance(3 * MINUTE)
+    with engine.begin() as connection:
         assert retirer.run_once(connection) == 1
     with Session(engine) as session:
         assert [row.name for row in periodic_jobs(session)] == ["minutely"]
+
+
+def test_after_a_long_downtime_rows_survive_until_their_workers_re_register(
+    engine: Engine,
+) -> None:
+    clock = Clock(T0)
+    tick(engine, PeriodicTicker([every_minute()], clock=clock))
+    # Every process was down for longer than the grace; the new leader starts first.
+    clock.advance(dt.timedelta(days=10))
+    retirer = PeriodicRetirer(dt.timedelta(days=7), clock=clock)
+    with engine.begin() as connection:
+        assert retirer.run_once(connection) == 0
+    clock.advance(30 * SECOND)  # the worker with the job starts a little later
+    tick(engine, PeriodicTicker([every_minute()], clock=clock))
+    clock.advance(5 * MINUTE)
+    with engine.begin() as connection:
+        assert retirer.run_once(connection) == 0
+    assert state(engine, "minutely").schedule == "every 1m"
 
 
 # ------------------------------------------------------------------ the worker

@@ -226,14 +226,23 @@ class PeriodicTicker:
 class PeriodicRetirer:
     """Deletes the rows of periodic jobs no worker has had in its code for
     ``retire_after`` (a leader step: it must run even where no process has periodic
-    jobs any more)."""
+    jobs any more), once it has been running for ``2 * REGISTER_INTERVAL``."""
 
     def __init__(self, retire_after: dt.timedelta, *, clock: Clock = database_clock) -> None:
         self.retire_after = retire_after
         self.clock = clock
+        self._watching_since: dt.datetime | None = None
 
     def run_once(self, connection: Connection) -> int:
         now = self.clock(connection)
+        # After a downtime of the whole fleet longer than retire_after, every row looks
+        # abandoned until the workers that have it register again. So this leader
+        # deletes nothing until it has watched for two re-registration intervals: by
+        # then every running worker has marked its rows seen.
+        if self._watching_since is None:
+            self._watching_since = now
+        if now < self._watching_since + dt.timedelta(seconds=2 * REGISTER_INTERVAL):
+            return 0
         names = connection.scalars(periodic_retire(now, self.retire_after)).all()
         for name in names:
             log.info(
