@@ -51,6 +51,13 @@ class Schedule(Protocol):
         searchable past)."""
         ...
 
+    def walk(
+        self, anchor: dt.datetime, instant: dt.datetime, *, reverse: bool = False
+    ) -> Iterator[dt.datetime]:
+        """The fires strictly after ``instant`` in order (or strictly before it, newest
+        first, with ``reverse``), from one iterator: a catch-up walks many instants."""
+        ...
+
 
 @attrs.frozen
 class IntervalSchedule:
@@ -71,6 +78,15 @@ class IntervalSchedule:
         steps = -((anchor - instant) // self.interval) - 1  # ceil((instant - anchor) / i) - 1
         return anchor + steps * self.interval
 
+    def walk(
+        self, anchor: dt.datetime, instant: dt.datetime, *, reverse: bool = False
+    ) -> Iterator[dt.datetime]:
+        found = self.before(anchor, instant) if reverse else self.after(anchor, instant)
+        step = -self.interval if reverse else self.interval
+        while found is not None:
+            yield found
+            found += step
+
 
 @attrs.frozen
 class CronSchedule:
@@ -84,7 +100,7 @@ class CronSchedule:
         return f"{self.expression} ({_zone_name(self.tz)})"
 
     def after(self, anchor: dt.datetime, instant: dt.datetime) -> dt.datetime:
-        found = next(self._iterate(instant, reverse=False), None)
+        found = next(self.walk(anchor, instant), None)
         if found is None:
             raise InvalidOptionsError(
                 "schedule", f"{self.expression!r} never fires after {instant.isoformat()}"
@@ -92,18 +108,21 @@ class CronSchedule:
         return found
 
     def before(self, anchor: dt.datetime, instant: dt.datetime) -> dt.datetime | None:
-        return next(self._iterate(instant, reverse=True), None)
+        return next(self.walk(anchor, instant, reverse=True), None)
 
-    def _iterate(self, instant: dt.datetime, *, reverse: bool) -> Iterator[dt.datetime]:
+    def walk(
+        self, anchor: dt.datetime, instant: dt.datetime, *, reverse: bool = False
+    ) -> Iterator[dt.datetime]:
         # cronsim works on local wall time and, for fixed-time jobs, forgets the fold of
         # its start; from an instant in a repeated hour it can answer an instant on the
-        # wrong side of the start. Comparing as instants and stepping on fixes that.
-        local = instant.astimezone(self.tz)
+        # wrong side of the start. Comparing as instants (with the last one yielded)
+        # and stepping on fixes that.
+        last = instant
         try:
-            for found in CronSim(self.expression, local, reverse=reverse):
-                if (found < instant) if reverse else (found > instant):
+            for found in CronSim(self.expression, instant.astimezone(self.tz), reverse=reverse):
+                if (found < last) if reverse else (found > last):
+                    last = found
                     yield found.astimezone(dt.UTC)
-                    return
         except CronSimError as exc:  # pragma: no cover - parsed when built
             raise InvalidOptionsError("schedule", str(exc)) from None
 

@@ -9,11 +9,12 @@ import itertools
 from zoneinfo import ZoneInfo
 
 import pytest
+from cronsim import CronSim
 
 import sa_jobs
 from sa_jobs.errors import InvalidJobArgsError, InvalidOptionsError
 from sa_jobs.periodic.definition import check_periodic_jobs
-from sa_jobs.periodic.plan import CATCH_UP_LIMIT, Fire, plan
+from sa_jobs.periodic.plan import CATCH_UP_LIMIT, COUNT_LIMIT, Fire, plan
 from sa_jobs.periodic.schedule import CronSchedule, IntervalSchedule, Schedule, build_schedule
 
 NY = ZoneInfo("America/New_York")
@@ -212,6 +213,27 @@ def test_all_is_bounded_to_the_most_recent_missed_instants() -> None:
     assert planned.fires[-1].instant == now
     assert planned.fires[0].instant == now - CATCH_UP_LIMIT * dt.timedelta(minutes=1)
     assert planned.dropped == 500
+
+
+def test_a_long_catch_up_walks_one_cron_iterator_and_stops_counting_at_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built: list[object] = []
+
+    def counting(*args: object, **kwargs: object) -> CronSim:
+        built.append(args)
+        return CronSim(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("sa_jobs.periodic.schedule.CronSim", counting)
+    every_second = build_schedule("* * * * * *", None)
+    built.clear()
+    start = dt.datetime(2026, 1, 1, tzinfo=UTC)
+    now = start + dt.timedelta(days=1)  # 86,400 missed instants
+    planned = plan(every_second, start, now, catch_up="all", misfire_grace=GRACE)
+    assert len(planned.fires) == CATCH_UP_LIMIT + GRACE.total_seconds()
+    assert planned.dropped == COUNT_LIMIT - CATCH_UP_LIMIT + 1  # the count stops at the bound
+    # The lock is held while this runs: a handful of iterators, not one per instant.
+    assert len(built) <= 4
 
 
 def test_a_run_on_start_instant_off_the_cron_grid_counts_as_missed_too() -> None:
