@@ -462,7 +462,8 @@ class PeriodicState(Base):
     __tablename__ = "sa_job_periodic"
 
     name: Mapped[str] = mapped_column(Text, primary_key=True)
-    #: The schedule's canonical text; a different one in the code starts the job over.
+    #: The schedule's canonical text; a process started later with another one in its
+    #: code starts the job over from it.
     schedule: Mapped[str] = mapped_column(Text)
     next_run_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
     #: The latest instant fired, and the job and (database) time it was inserted at.
@@ -471,6 +472,11 @@ class PeriodicState(Base):
     last_enqueued_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
     #: ``sa_jobs.periodic.run_now`` asks for an extra run; the next tick honours it.
     run_now_requested_at: Mapped[dt.datetime | None] = mapped_column(DateTime(timezone=True))
+    #: The start instant of the process whose code set ``schedule``: only a process
+    #: started later may replace it, once, at its start (``docs/periodic-jobs.md``).
+    schedule_set_at: Mapped[dt.datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
     #: Last time a worker with this periodic job in its code registered or ticked it;
     #: rows not seen for ``periodic_retire_after`` are deleted.
     seen_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

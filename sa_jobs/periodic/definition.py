@@ -9,6 +9,7 @@ is built — before anything is written.
 from __future__ import annotations
 
 import datetime as dt
+import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -177,11 +178,31 @@ def _args_or_factory(args: object) -> tuple[object, Callable[[], object] | None]
         encode_args(args)  # a value that cannot be stored fails here, not at a tick
         return args, None
     if callable(args):
+        _check_callable_without_arguments(args)
         return None, args
     raise InvalidJobArgsError(
         f"a periodic job's args must be a job args instance or a zero-argument callable "
         f"returning one, got {args!r}"
     )
+
+
+def _check_callable_without_arguments(factory: Callable[..., object]) -> None:
+    """A factory that needs arguments would fail at every tick: refuse it now. (A class's
+    signature is its ``__init__``'s; a builtin without a signature is given the benefit
+    of the doubt.)"""
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind()
+    except TypeError as exc:
+        raise InvalidOptionsError(
+            "args",
+            f"{factory!r} cannot be called with no arguments ({exc}); give a job args "
+            "instance, an args class whose fields all have defaults, or a function of "
+            "no arguments returning args (e.g. lambda: MyArgs(day='today'))",
+        ) from None
 
 
 def _declared(args: object) -> bool:

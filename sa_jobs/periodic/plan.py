@@ -17,6 +17,8 @@ they came and went — and ``catch_up`` decides:
 from __future__ import annotations
 
 import datetime as dt
+import itertools
+from collections.abc import Iterator
 from typing import Literal
 
 import attrs
@@ -77,25 +79,31 @@ def plan(
     following = schedule.after(next_run_at, now)
     cutoff = now - misfire_grace
     on_time: list[Fire] = []
-    instant = next_run_at if next_run_at > cutoff else schedule.after(next_run_at, cutoff)
-    while instant <= now and len(on_time) < limit:
+    upcoming: Iterator[dt.datetime]
+    if next_run_at > cutoff:
+        upcoming = itertools.chain([next_run_at], schedule.walk(next_run_at, next_run_at))
+    else:
+        upcoming = schedule.walk(next_run_at, cutoff)
+    for instant in upcoming:
+        if instant > now or len(on_time) >= limit:
+            break
         on_time.append(Fire(instant))
-        instant = schedule.after(next_run_at, instant)
     if next_run_at > cutoff:
         return Plan(tuple(on_time), following)
 
     # Missed: next_run_at itself, and the schedule's instants after it up to the cutoff,
-    # walked backwards from the newest so that "all" keeps the most recent ones.
+    # walked backwards from the newest (one iterator, at most COUNT_LIMIT steps) so that
+    # "all" keeps the most recent ones.
     newest_first: list[dt.datetime] = []
     count = 0
     upper = on_time[0].instant if on_time else following
-    earlier = schedule.before(next_run_at, upper)
-    while earlier is not None and earlier > next_run_at and count < COUNT_LIMIT:
+    for earlier in schedule.walk(next_run_at, upper, reverse=True):
+        if earlier <= next_run_at or count >= COUNT_LIMIT:
+            break
         if earlier <= cutoff:
             count += 1
             if len(newest_first) < limit:
                 newest_first.append(earlier)
-        earlier = schedule.before(next_run_at, earlier)
     count += 1
     if len(newest_first) < limit:
         newest_first.append(next_run_at)

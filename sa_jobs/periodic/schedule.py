@@ -51,6 +51,13 @@ class Schedule(Protocol):
         searchable past)."""
         ...
 
+    def walk(
+        self, anchor: dt.datetime, instant: dt.datetime, *, reverse: bool = False
+    ) -> Iterator[dt.datetime]:
+        """The fires strictly after ``instant`` in order (or strictly before it, newest
+        first, with ``reverse``), from one iterator: a catch-up walks many instants."""
+        ...
+
 
 @attrs.frozen
 class IntervalSchedule:
@@ -61,7 +68,7 @@ class IntervalSchedule:
 
     @property
     def description(self) -> str:
-        return f"every {self.interval.total_seconds():g}s"
+        return f"every {interval_text(self.interval)}"
 
     def after(self, anchor: dt.datetime, instant: dt.datetime) -> dt.datetime:
         steps = (instant - anchor) // self.interval + 1
@@ -70,6 +77,15 @@ class IntervalSchedule:
     def before(self, anchor: dt.datetime, instant: dt.datetime) -> dt.datetime | None:
         steps = -((anchor - instant) // self.interval) - 1  # ceil((instant - anchor) / i) - 1
         return anchor + steps * self.interval
+
+    def walk(
+        self, anchor: dt.datetime, instant: dt.datetime, *, reverse: bool = False
+    ) -> Iterator[dt.datetime]:
+        found = self.before(anchor, instant) if reverse else self.after(anchor, instant)
+        step = -self.interval if reverse else self.interval
+        while found is not None:
+            yield found
+            found += step
 
 
 @attrs.frozen
@@ -84,7 +100,7 @@ class CronSchedule:
         return f"{self.expression} ({_zone_name(self.tz)})"
 
     def after(self, anchor: dt.datetime, instant: dt.datetime) -> dt.datetime:
-        found = next(self._iterate(instant, reverse=False), None)
+        found = next(self.walk(anchor, instant), None)
         if found is None:
             raise InvalidOptionsError(
                 "schedule", f"{self.expression!r} never fires after {instant.isoformat()}"
@@ -92,20 +108,40 @@ class CronSchedule:
         return found
 
     def before(self, anchor: dt.datetime, instant: dt.datetime) -> dt.datetime | None:
-        return next(self._iterate(instant, reverse=True), None)
+        return next(self.walk(anchor, instant, reverse=True), None)
 
-    def _iterate(self, instant: dt.datetime, *, reverse: bool) -> Iterator[dt.datetime]:
+    def walk(
+        self, anchor: dt.datetime, instant: dt.datetime, *, reverse: bool = False
+    ) -> Iterator[dt.datetime]:
         # cronsim works on local wall time and, for fixed-time jobs, forgets the fold of
         # its start; from an instant in a repeated hour it can answer an instant on the
-        # wrong side of the start. Comparing as instants and stepping on fixes that.
-        local = instant.astimezone(self.tz)
+        # wrong side of the start. Comparing as instants (with the last one yielded)
+        # and stepping on fixes that.
+        last = instant
         try:
-            for found in CronSim(self.expression, local, reverse=reverse):
-                if (found < instant) if reverse else (found > instant):
+            for found in CronSim(self.expression, instant.astimezone(self.tz), reverse=reverse):
+                if (found < last) if reverse else (found > last):
+                    last = found
                     yield found.astimezone(dt.UTC)
-                    return
         except CronSimError as exc:  # pragma: no cover - parsed when built
             raise InvalidOptionsError("schedule", str(exc)) from None
+
+
+def interval_text(interval: dt.timedelta) -> str:
+    """An exact, readable text of a positive interval: ``"1h 30m"``, ``"14d 1s"``,
+    ``"1.000001s"``. Distinct intervals give distinct texts (the row's schedule is
+    compared as text), which a float rendering like ``"1.2096e+06s"`` would not."""
+    days, rest = interval.days, interval.seconds
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    parts = [
+        f"{value}{unit}" for value, unit in ((days, "d"), (hours, "h"), (minutes, "m")) if value
+    ]
+    if interval.microseconds:
+        parts.append(f"{seconds}.{interval.microseconds:06d}".rstrip("0") + "s")
+    elif seconds or not parts:
+        parts.append(f"{seconds}s")
+    return " ".join(parts)
 
 
 def build_schedule(schedule: object, tz: object) -> Schedule:
@@ -130,7 +166,7 @@ def build_schedule(schedule: object, tz: object) -> Schedule:
             "schedule",
             f"must be a cron expression (str) or a datetime.timedelta, got {schedule!r}",
         )
-    expression = " ".join(schedule.split())
+    expression = _expand_macro(" ".join(schedule.split()))
     zone = _zone(tz)
     try:
         CronSim(expression, dt.datetime.now(zone))
@@ -145,6 +181,37 @@ def build_schedule(schedule: object, tz: object) -> Schedule:
     now = dt.datetime.now(dt.UTC)
     cron.after(now, now)  # one that never fires (Feb 30) fails here
     return cron
+
+
+#: Cron's "@" shorthands, as the expressions they stand for (cronsim has none of them).
+MACROS = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+
+
+def _expand_macro(expression: str) -> str:
+    if not expression.startswith("@"):
+        return expression
+    if expression.lower() == "@reboot":
+        raise InvalidOptionsError(
+            "schedule",
+            "'@reboot' means every start of a process, which a durable schedule shared by "
+            "all workers does not have; use run_on_start=True to fire once when the "
+            "schedule is new, or a real schedule",
+        )
+    expanded = MACROS.get(expression.lower())
+    if expanded is None:
+        raise InvalidOptionsError(
+            "schedule",
+            f"{expression!r} is not a cron shorthand; known ones: {', '.join(MACROS)}",
+        )
+    return expanded
 
 
 def _zone(tz: object) -> dt.tzinfo:

@@ -22,8 +22,12 @@ from sa_jobs.models import PeriodicState
 
 __all__ = [
     "periodic_advance",
+    "periodic_claim",
     "periodic_due",
     "periodic_list",
+    "periodic_lock_rows",
+    "periodic_mark_seen",
+    "periodic_names",
     "periodic_record_job",
     "periodic_register",
     "periodic_request_run",
@@ -32,24 +36,74 @@ __all__ = [
 
 
 def periodic_register(rows: Iterable[dict[str, Any]], now: dt.datetime) -> Insert:
-    """Make sure each periodic job of the code has its row, and mark it seen at ``now``.
+    """Create the row of each periodic job of the code that has none; an existing row is
+    left alone (``ON CONFLICT DO NOTHING`` neither waits for nor takes its lock).
 
-    ``rows`` hold ``name``, ``schedule`` (canonical text) and ``next_run_at`` (the first
-    instant of a fresh start). An existing row with the same schedule keeps its
-    instants — that is what makes a restart neither skip nor repeat; one with another
-    schedule starts over from the new one.
+    ``rows`` hold ``name``, ``schedule`` (canonical text), ``next_run_at`` (the first
+    instant of a fresh start) and ``schedule_set_at`` (the registering process's start).
+    Whether an existing row's schedule changes is :func:`periodic_claim`'s question.
     """
     statement = pg_insert(PeriodicState).values([{**row, "seen_at": now} for row in rows])
-    new = statement.excluded
-    same = PeriodicState.schedule == new.schedule
-    return statement.on_conflict_do_update(
-        index_elements=[PeriodicState.name],
-        set_={
-            "schedule": new.schedule,
-            "next_run_at": case((same, PeriodicState.next_run_at), else_=new.next_run_at),
-            "seen_at": new.seen_at,
-        },
+    return statement.on_conflict_do_nothing(index_elements=[PeriodicState.name])
+
+
+def periodic_names(names: Iterable[str]) -> Select[str]:
+    """Which of these names have a row (a plain read: it waits for no lock)."""
+    return select(PeriodicState.name).where(PeriodicState.name.in_(list(names)))
+
+
+def periodic_lock_rows(names: Iterable[str]) -> Select[str, str, dt.datetime]:
+    """These rows' schedules and when they were set, locked; rows another process holds
+    (it is firing them) are skipped rather than waited for."""
+    return (
+        select(PeriodicState.name, PeriodicState.schedule, PeriodicState.schedule_set_at)
+        .where(PeriodicState.name.in_(list(names)))
+        .order_by(PeriodicState.name)
+        .with_for_update(skip_locked=True)
     )
+
+
+def periodic_claim(
+    name: str,
+    *,
+    schedule: str,
+    next_run_at: dt.datetime,
+    started_at: dt.datetime,
+    now: dt.datetime,
+) -> Update:
+    """Give the row the schedule of a process that started at ``started_at`` — only if
+    its schedule differs and was set before that start (by a process started earlier).
+
+    The most recently started process's schedule wins, once: a process started earlier
+    can never take the row back, so two versions of the code in a rolling deploy do not
+    reset each other's schedule. Executed on a row the caller has locked.
+    """
+    return (
+        update(PeriodicState)
+        .where(
+            PeriodicState.name == name,
+            PeriodicState.schedule != schedule,
+            PeriodicState.schedule_set_at < started_at,
+        )
+        .values(
+            schedule=schedule,
+            next_run_at=next_run_at,
+            schedule_set_at=started_at,
+            seen_at=now,
+        )
+        .returning(PeriodicState.name)
+    )
+
+
+def periodic_mark_seen(names: Iterable[str], now: dt.datetime) -> Update:
+    """Mark these rows seen (a worker still has them in its code), skipping rows another
+    process holds locked: a plain update that waits for nobody and changes no schedule."""
+    free = (
+        select(PeriodicState.name)
+        .where(PeriodicState.name.in_(list(names)))
+        .with_for_update(skip_locked=True)
+    )
+    return update(PeriodicState).where(PeriodicState.name.in_(free)).values(seen_at=now)
 
 
 def periodic_due(

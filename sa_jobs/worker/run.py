@@ -33,6 +33,8 @@ from sa_jobs.worker.execution import Execution, Interrupt, run_async, run_sync
 from sa_jobs.worker.handlers import HandlerRegistry
 from sa_jobs.worker.limited_fetch import fetch_limited, plan_limits
 from sa_jobs.worker.maintenance.loop import MaintenanceConfig, MaintenanceLoop
+from sa_jobs.worker.maintenance.periodic import PeriodicTicker
+from sa_jobs.worker.maintenance.periodic_thread import PeriodicThread
 from sa_jobs.worker.notifier import ListenOptions, Notifier, check_same_database
 from sa_jobs.worker.pool import HandlerThreads
 from sa_jobs.worker.producer import Producer, fetch_jobs
@@ -198,7 +200,16 @@ class WorkerRun:
             features=features,
             retry_delay=worker.retry_delay_for,
             stopping=self.closing,
-            periodic=worker.periodic,
+        )
+        self.periodic = (
+            PeriodicThread(
+                self.engine,
+                PeriodicTicker(worker.periodic),
+                worker.maintenance_config.periodic_interval,
+                self.closing,
+            )
+            if worker.periodic
+            else None
         )
         self.notifier = Notifier(
             self.engine,
@@ -213,6 +224,9 @@ class WorkerRun:
         )
         self.maintenance.start()
         self._started.append("maintenance")
+        if self.periodic is not None:
+            self.periodic.start()
+            self._started.append("periodic")
         self.completer.start()
         self._started.append("completer")
         self.watchdog.start()
@@ -253,6 +267,8 @@ class WorkerRun:
         self.closing.set()
         if "notifier" in started:
             self.notifier.join(THREAD_JOIN_TIMEOUT)
+        if "periodic" in started and self.periodic is not None:
+            self.periodic.join(THREAD_JOIN_TIMEOUT)
         if "maintenance" in started:
             self.maintenance.join(THREAD_JOIN_TIMEOUT)
         log.info("worker %s stopped", self.worker.id)

@@ -29,6 +29,7 @@ ALL_REVISIONS = [
     "sajobs_job_key_0001",
     "sajobs_job_key_0002",
     "sajobs_periodic_0001",
+    "sajobs_periodic_0002",
     "sajobs_queue_0001",
     "sajobs_limits_0001",
 ]
@@ -108,6 +109,7 @@ def test_migrate_one_branch_then_the_rest_applies_only_whats_missing(cli: Run) -
         "sajobs_job_key_0001",
         "sajobs_job_key_0002",
         "sajobs_periodic_0001",
+        "sajobs_periodic_0002",
         "sajobs_queue_0001",
         "sajobs_limits_0001",
     ]
@@ -157,11 +159,11 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
         "sa_jobs_unique": ("-", "sajobs_unique_0001, sajobs_unique_0002"),
         "sa_jobs_sequence": ("-", "sajobs_sequence_0001"),
         "sa_jobs_job_key": ("-", "sajobs_job_key_0001, sajobs_job_key_0002"),
-        "sa_jobs_periodic": ("-", "sajobs_periodic_0001"),
+        "sa_jobs_periodic": ("-", "sajobs_periodic_0001, sajobs_periodic_0002"),
         "sa_jobs_queue": ("-", "sajobs_queue_0001"),
         "sa_jobs_limits": ("-", "sajobs_limits_0001"),
     }
-    assert out.splitlines()[-1] == "13 revisions pending: run sa-jobs migrate"
+    assert out.splitlines()[-1] == "14 revisions pending: run sa-jobs migrate"
 
     cli("migrate", "--target", "sajobs_core_0002")
     cli("migrate", "--target", "sajobs_unique_0001")
@@ -174,11 +176,11 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
         "sa_jobs_unique": ("sajobs_unique_0001", "sajobs_unique_0002"),
         "sa_jobs_sequence": ("-", "sajobs_sequence_0001"),
         "sa_jobs_job_key": ("-", "sajobs_job_key_0001, sajobs_job_key_0002"),
-        "sa_jobs_periodic": ("-", "sajobs_periodic_0001"),
+        "sa_jobs_periodic": ("-", "sajobs_periodic_0001, sajobs_periodic_0002"),
         "sa_jobs_queue": ("-", "sajobs_queue_0001"),
         "sa_jobs_limits": ("-", "sajobs_limits_0001"),
     }
-    assert out.splitlines()[-1] == "10 revisions pending: run sa-jobs migrate"
+    assert out.splitlines()[-1] == "11 revisions pending: run sa-jobs migrate"
 
     cli("migrate")
     _, out, _ = cli("migrate", "--status")
@@ -187,7 +189,7 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
         "sa_jobs_unique": ("sajobs_unique_0002", "-"),
         "sa_jobs_sequence": ("sajobs_sequence_0001", "-"),
         "sa_jobs_job_key": ("sajobs_job_key_0002", "-"),
-        "sa_jobs_periodic": ("sajobs_periodic_0001", "-"),
+        "sa_jobs_periodic": ("sajobs_periodic_0002", "-"),
         "sa_jobs_queue": ("sajobs_queue_0001", "-"),
         "sa_jobs_limits": ("sajobs_limits_0001", "-"),
     }

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from zoneinfo import ZoneInfo
 
 import pytest
-from sqlalchemy import URL, Engine, select
+from sqlalchemy import URL, DateTime, Engine, literal, null, select
 from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
@@ -21,8 +21,8 @@ from sa_jobs.cli import main
 from sa_jobs.errors import InvalidOptionsError, PeriodicJobNotFoundError, SchemaMissingError
 from sa_jobs.models import PeriodicState
 from sa_jobs.periodic import periodic_jobs, run_now
-from sa_jobs.periodic.state import periodic_advance
 from sa_jobs.schema import PERIODIC_BRANCH
+from sa_jobs.worker.maintenance import periodic as ticking
 from sa_jobs.worker.maintenance.periodic import PeriodicRetirer, PeriodicTicker
 from tests.helpers import url_text, wait_until
 
@@ -144,11 +144,65 @@ def test_run_on_start_fires_when_the_schedule_is_new_not_at_every_restart(engine
 def test_a_changed_schedule_starts_over_from_the_new_one(engine: Engine) -> None:
     clock = Clock(T0)
     tick(engine, PeriodicTicker([PeriodicJob("0 3 * * *", Report(), name="r")], clock=clock))
+    clock.advance(SECOND)  # a process started later, with the new code
     changed = PeriodicJob("*/5 * * * *", Report(), name="r")
     tick(engine, PeriodicTicker([changed], clock=clock))
     row = state(engine, "r")
     assert row.schedule == "*/5 * * * * (UTC)"
     assert row.next_run_at == dt.datetime(2026, 5, 4, 12, 5, tzinfo=UTC)
+
+
+@pytest.fixture
+def register_every_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sa_jobs.worker.maintenance.periodic.REGISTER_INTERVAL", 0.0)
+
+
+@pytest.mark.usefixtures("register_every_tick")
+def test_in_a_rolling_deploy_the_newest_process_decides_the_schedule_once(
+    engine: Engine,
+) -> None:
+    # An old and a new version of the code disagree on the schedule and both keep
+    # re-registering. The newer process's schedule takes over once; the older one never
+    # takes it back, so nothing is reset, repeated or skipped.
+    clock = Clock(T0)
+    old = PeriodicTicker(
+        [PeriodicJob(dt.timedelta(hours=1), Report(), name="r", run_on_start=True)], clock=clock
+    )
+    new = PeriodicTicker(
+        [PeriodicJob(dt.timedelta(minutes=90), Report(), name="r", run_on_start=True)],
+        clock=clock,
+    )
+    tick(engine, old)  # the old version's first deploy: its run_on_start fires
+    clock.advance(MINUTE)
+    new_start = clock.now
+    while clock.now < T0 + dt.timedelta(hours=5):
+        tick(engine, new)
+        clock.advance(30 * SECOND)
+        tick(engine, old)
+        clock.advance(30 * SECOND)
+    ninety = dt.timedelta(minutes=90)
+    assert instants(engine, "r") == [T0, *(new_start + k * ninety for k in range(4))]
+    assert state(engine, "r").schedule == "every 1h 30m"
+
+
+@pytest.mark.usefixtures("register_every_tick")
+def test_a_process_started_earlier_never_takes_the_schedule_back(engine: Engine) -> None:
+    clock = Clock(T0)
+    hourly = PeriodicJob(dt.timedelta(hours=1), Report(), name="r")
+    every_two = PeriodicJob(dt.timedelta(hours=2), Report(), name="r")
+    old, new = PeriodicTicker([hourly], clock=clock), PeriodicTicker([every_two], clock=clock)
+    tick(engine, old)
+    clock.advance(SECOND)
+    tick(engine, new)
+    for _ in range(3):
+        tick(engine, new)
+        tick(engine, old)
+    row = state(engine, "r")
+    assert (row.schedule, row.next_run_at) == ("every 2h", T0 + SECOND + 2 * dt.timedelta(hours=1))
+    # A process started later still (a rollback) decides again.
+    clock.advance(SECOND)
+    tick(engine, PeriodicTicker([hourly], clock=clock))
+    assert state(engine, "r").schedule == "every 1h"
 
 
 # ------------------------------------------------------------------ catch-up
@@ -229,26 +283,27 @@ def test_fall_back_runs_the_repeated_time_once(engine: Engine) -> None:
 # ------------------------------------------------------------------ exactly once, concurrently
 
 
-def test_a_ticker_that_read_a_stale_row_inserts_nothing(engine: Engine) -> None:
+def test_a_ticker_that_read_a_stale_row_inserts_nothing(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     clock = Clock(T0)
     ticker = PeriodicTicker([every_minute()], clock=clock)
     tick(engine, ticker)
     stale = state(engine, "minutely").next_run_at
     clock.advance(MINUTE + SECOND)
     assert tick(engine, ticker) == 1
-    # A split-brain second process that read the row before that tick committed: its
-    # compare-and-set matches nothing, so it has no instant to insert a job for.
-    with engine.begin() as connection:
-        moved = connection.execute(
-            periodic_advance(
-                "minutely",
-                read_next=stale,
-                read_request=None,
-                next_run_at=stale + MINUTE,
-                last_run_at=stale,
-            )
-        ).first()
-    assert moved is None
+    # A split-brain second process that read the row before that tick committed (a
+    # paused VM, a lost lease): its due-rows query answers the state it read. Its
+    # compare-and-set matches nothing, so it inserts no job for that instant again.
+    stale_read = select(
+        literal("minutely").label("name"),
+        literal(stale, DateTime(timezone=True)).label("next_run_at"),
+        null().label("run_now_requested_at"),
+    )
+    monkeypatch.setattr(ticking, "periodic_due", lambda _schedules, _now: stale_read)
+    split_brain = PeriodicTicker([every_minute()], clock=clock)
+    assert tick(engine, split_brain) == 0
+    assert instants(engine, "minutely") == [T0 + MINUTE]
 
 
 def test_a_second_ticker_skips_the_row_another_is_firing(engine: Engine) -> None:
@@ -340,9 +395,30 @@ def test_periodic_jobs_gone_from_the_code_retire_after_the_grace(engine: Engine)
     tick(engine, PeriodicTicker([every_minute()], clock=clock))  # "old" was removed
     retirer = PeriodicRetirer(dt.timedelta(days=2), clock=clock)
     with engine.begin() as connection:
+        assert retirer.run_once(connection) == 0  # it first lets running workers re-mark
+    clock.advance(3 * MINUTE)
+    with engine.begin() as connection:
         assert retirer.run_once(connection) == 1
     with Session(engine) as session:
         assert [row.name for row in periodic_jobs(session)] == ["minutely"]
+
+
+def test_after_a_long_downtime_rows_survive_until_their_workers_re_register(
+    engine: Engine,
+) -> None:
+    clock = Clock(T0)
+    tick(engine, PeriodicTicker([every_minute()], clock=clock))
+    # Every process was down for longer than the grace; the new leader starts first.
+    clock.advance(dt.timedelta(days=10))
+    retirer = PeriodicRetirer(dt.timedelta(days=7), clock=clock)
+    with engine.begin() as connection:
+        assert retirer.run_once(connection) == 0
+    clock.advance(30 * SECOND)  # the worker with the job starts a little later
+    tick(engine, PeriodicTicker([every_minute()], clock=clock))
+    clock.advance(5 * MINUTE)
+    with engine.begin() as connection:
+        assert retirer.run_once(connection) == 0
+    assert state(engine, "minutely").schedule == "every 1m"
 
 
 # ------------------------------------------------------------------ the worker
@@ -414,6 +490,7 @@ def test_periodic_list_shows_names_schedules_last_and_next_runs(
     ticker = PeriodicTicker(
         [
             every_minute(),
+            PeriodicJob(dt.timedelta(days=14, seconds=1), Report(), name="two_weeks"),
             PeriodicJob("0 9 * * MON-FRI", Report(), name="weekday", tz="Europe/Paris"),
         ],
         clock=clock,
@@ -439,9 +516,11 @@ def test_periodic_list_shows_names_schedules_last_and_next_runs(
         "(UTC)",
     ]
     assert lines[1].startswith("minutely")
-    assert "every 60s" in lines[1]
+    assert "every 1m " in lines[1]
     assert "2026-05-04 12:01:00+00:00" in lines[1]  # last run
     assert "2026-05-04 12:02:00+00:00" in lines[1]  # next run
-    assert lines[2].startswith("weekday")
-    assert "0 9 * * MON-FRI (Europe/Paris)" in lines[2]
-    assert "2026-05-05 07:00:00+00:00" in lines[2]
+    assert lines[2].startswith("two_weeks")
+    assert "every 14d 1s " in lines[2]
+    assert lines[3].startswith("weekday")
+    assert "0 9 * * MON-FRI (Europe/Paris)" in lines[3]
+    assert "2026-05-05 07:00:00+00:00" in lines[3]

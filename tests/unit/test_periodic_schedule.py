@@ -4,15 +4,17 @@ that keep their phase, and the catch-up plan. No database."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import itertools
 from zoneinfo import ZoneInfo
 
 import pytest
+from cronsim import CronSim
 
 import sa_jobs
 from sa_jobs.errors import InvalidJobArgsError, InvalidOptionsError
 from sa_jobs.periodic.definition import check_periodic_jobs
-from sa_jobs.periodic.plan import CATCH_UP_LIMIT, Fire, plan
+from sa_jobs.periodic.plan import CATCH_UP_LIMIT, COUNT_LIMIT, Fire, plan
 from sa_jobs.periodic.schedule import CronSchedule, IntervalSchedule, Schedule, build_schedule
 
 NY = ZoneInfo("America/New_York")
@@ -117,7 +119,42 @@ def test_an_interval_keeps_its_phase_from_the_anchor() -> None:
     assert schedule.before(anchor, anchor + dt.timedelta(minutes=20)) == anchor + dt.timedelta(
         minutes=10
     )
-    assert schedule.description == "every 600s"
+    assert schedule.description == "every 10m"
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        (dt.timedelta(days=14), dt.timedelta(days=14, seconds=1)),
+        (SECOND, dt.timedelta(seconds=1, microseconds=1)),
+        (dt.timedelta(hours=1), dt.timedelta(minutes=61)),
+    ],
+)
+def test_distinct_intervals_have_distinct_schedule_texts(
+    first: dt.timedelta, second: dt.timedelta
+) -> None:
+    # The row's schedule is compared as text: two intervals with one text would let a
+    # changed schedule go unnoticed.
+    assert IntervalSchedule(first).description != IntervalSchedule(second).description
+
+
+@pytest.mark.parametrize(
+    ("interval", "text"),
+    [
+        (SECOND, "every 1s"),
+        (dt.timedelta(seconds=90), "every 1m 30s"),
+        (dt.timedelta(minutes=90), "every 1h 30m"),
+        (dt.timedelta(days=14), "every 14d"),
+        (dt.timedelta(days=14, seconds=1), "every 14d 1s"),
+        (dt.timedelta(seconds=1, microseconds=1), "every 1.000001s"),
+        (dt.timedelta(seconds=2, milliseconds=500), "every 2.5s"),
+        (dt.timedelta(days=1, hours=2, minutes=3, seconds=4), "every 1d 2h 3m 4s"),
+    ],
+)
+def test_an_interval_describes_itself_exactly_and_readably(
+    interval: dt.timedelta, text: str
+) -> None:
+    assert IntervalSchedule(interval).description == text
 
 
 # ------------------------------------------------------------------ catch-up
@@ -176,6 +213,27 @@ def test_all_is_bounded_to_the_most_recent_missed_instants() -> None:
     assert planned.fires[-1].instant == now
     assert planned.fires[0].instant == now - CATCH_UP_LIMIT * dt.timedelta(minutes=1)
     assert planned.dropped == 500
+
+
+def test_a_long_catch_up_walks_one_cron_iterator_and_stops_counting_at_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    built: list[object] = []
+
+    def counting(*args: object, **kwargs: object) -> CronSim:
+        built.append(args)
+        return CronSim(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("sa_jobs.periodic.schedule.CronSim", counting)
+    every_second = build_schedule("* * * * * *", None)
+    built.clear()
+    start = dt.datetime(2026, 1, 1, tzinfo=UTC)
+    now = start + dt.timedelta(days=1)  # 86,400 missed instants
+    planned = plan(every_second, start, now, catch_up="all", misfire_grace=GRACE)
+    assert len(planned.fires) == CATCH_UP_LIMIT + GRACE.total_seconds()
+    assert planned.dropped == COUNT_LIMIT - CATCH_UP_LIMIT + 1  # the count stops at the bound
+    # The lock is held while this runs: a handful of iterators, not one per instant.
+    assert len(built) <= 4
 
 
 def test_a_run_on_start_instant_off_the_cron_grid_counts_as_missed_too() -> None:
@@ -243,6 +301,61 @@ def test_args_must_be_job_args_or_a_factory() -> None:
     broken = sa_jobs.PeriodicJob("0 9 * * *", lambda: "not args", name="c")
     with pytest.raises(InvalidJobArgsError):
         broken.build_args()
+
+
+@sa_jobs.job_args(kind="periodic_unit_needs_a_day")
+class NeedsADay:
+    day: str
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [NeedsADay, lambda day: NeedsADay(day), functools.partial(lambda a, b: Report(), 1)],
+    ids=["class with a required field", "lambda with an argument", "partial still short"],
+)
+def test_a_factory_that_needs_arguments_is_refused_when_built(factory: object) -> None:
+    with pytest.raises(InvalidOptionsError, match="cannot be called with no arguments") as caught:
+        sa_jobs.PeriodicJob("0 9 * * *", factory, name="report")
+    assert caught.value.option == "args"
+
+
+def test_factories_callable_with_no_arguments_are_accepted() -> None:
+    def with_defaults(day: str = "today", *rest: object, **more: object) -> Report:
+        return Report(day=day)
+
+    for factory in (with_defaults, functools.partial(NeedsADay, "monday"), Report):
+        sa_jobs.PeriodicJob("0 9 * * *", factory, name="report")
+    # A builtin without a signature cannot be checked: it is given the benefit of the doubt.
+    sa_jobs.PeriodicJob("0 9 * * *", dict, name="report")
+
+
+@pytest.mark.parametrize(
+    ("macro", "expression"),
+    [
+        ("@hourly", "0 * * * *"),
+        ("@daily", "0 0 * * *"),
+        ("@midnight", "0 0 * * *"),
+        ("@weekly", "0 0 * * 0"),
+        ("@monthly", "0 0 1 * *"),
+        ("@yearly", "0 0 1 1 *"),
+        ("@annually", "0 0 1 1 *"),
+        ("@DAILY", "0 0 * * *"),
+    ],
+)
+def test_cron_shorthands_mean_their_expressions(macro: str, expression: str) -> None:
+    schedule = build_schedule(macro, "Europe/Paris")
+    assert schedule.description == build_schedule(expression, "Europe/Paris").description
+    start = dt.datetime(2026, 5, 4, 12, 30, tzinfo=UTC)
+    assert schedule.after(start, start) == build_schedule(expression, "Europe/Paris").after(
+        start, start
+    )
+
+
+def test_reboot_and_unknown_shorthands_are_refused_with_a_reason() -> None:
+    with pytest.raises(InvalidOptionsError, match="run_on_start"):
+        build_schedule("@reboot", None)
+    with pytest.raises(InvalidOptionsError, match="not a cron shorthand"):
+        build_schedule("@fortnightly", None)
 
 
 def test_two_periodic_jobs_with_one_name_are_refused() -> None:

@@ -4,9 +4,9 @@ for all.
 Every ``heartbeat_interval``, each process writes its heartbeat (:mod:`.heartbeat`),
 rescues the jobs its own id holds that it does not run (:class:`.rescuer.Rescuer` with
 ``own``), looks for cancel requests it missed (:mod:`.missed_cancels`), and takes or
-renews the leader's lease (:mod:`.leader`) and — given periodic jobs — fires those that
-are due (:mod:`.periodic`: every such process ticks; the database makes each instant
-fire once). The leader alone also runs the scheduler, the rescuer, the cleaner, and —
+renews the leader's lease (:mod:`.leader`). (Periodic jobs are fired on a thread of
+their own, :mod:`.periodic_thread`, so that a slow tick never delays the heartbeat.)
+The leader alone also runs the scheduler, the rescuer, the cleaner, and —
 with their branches — the sequence repair and the retirement of periodic jobs no code
 has any more, each on its own interval. Every step runs in a transaction of its own; a
 failed step is logged and tried again next time.
@@ -24,14 +24,13 @@ import attrs
 from sqlalchemy import Connection, Engine
 
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.periodic.definition import PeriodicJob
 from sa_jobs.schema import Features
 from sa_jobs.worker.backoff import is_transient
 from sa_jobs.worker.maintenance.cleaner import Cleaner, Retention
 from sa_jobs.worker.maintenance.heartbeat import Heartbeat
 from sa_jobs.worker.maintenance.leader import LeaderElection
 from sa_jobs.worker.maintenance.missed_cancels import MissedCancels
-from sa_jobs.worker.maintenance.periodic import PeriodicRetirer, PeriodicTicker
+from sa_jobs.worker.maintenance.periodic import PeriodicRetirer
 from sa_jobs.worker.maintenance.rescuer import Rescuer, RetryDelay
 from sa_jobs.worker.maintenance.scheduler import Scheduler
 from sa_jobs.worker.maintenance.sequence_repair import SequenceRepair
@@ -61,7 +60,8 @@ class MaintenanceConfig:
         rescuer_interval: How often orphaned jobs are looked for.
         cleaner_interval: How often finished jobs past retention are deleted.
         retention: How long finished jobs are kept.
-        periodic_interval: How often a process with periodic jobs looks for due ones.
+        periodic_interval: How often a process with periodic jobs looks for due ones
+            (on its own thread).
         periodic_retire_after: A periodic job's row is deleted once no worker has had
             it in its code for this long (default 7 days).
     """
@@ -113,7 +113,6 @@ class MaintenanceLoop(Service):
         features: The database's feature branches.
         retry_delay: When a rescued job runs again (the worker's retry policies).
         stopping: Set when the worker closes.
-        periodic: The worker's periodic jobs (this process fires them when due).
     """
 
     def __init__(
@@ -129,7 +128,6 @@ class MaintenanceLoop(Service):
         features: Features,
         retry_delay: RetryDelay | None = None,
         stopping: threading.Event,
-        periodic: Sequence[PeriodicJob] = (),
     ) -> None:
         super().__init__("maintenance", stopping)
         self._engine = engine
@@ -155,12 +153,6 @@ class MaintenanceLoop(Service):
             repair = self.sequence_repair.run_once
             self._leader_steps.append(
                 _Periodic("sequence repair", config.scheduler_interval, repair)
-            )
-        self.periodic = PeriodicTicker(periodic) if periodic else None
-        self._own_steps: list[_Periodic] = []
-        if self.periodic is not None:
-            self._own_steps.append(
-                _Periodic("periodic jobs", config.periodic_interval, self.periodic.run_once)
             )
         if features.periodic:
             retire_after = dt.timedelta(seconds=config.periodic_retire_after)
@@ -213,8 +205,7 @@ class MaintenanceLoop(Service):
                 self.is_leader = bool(self._step("leader election", self.election.run_once))
                 if self.is_leader != was_leader:
                     log.info("%s maintenance leadership", "took" if self.is_leader else "lost")
-            steps = self._own_steps + self._leader_steps if self.is_leader else self._own_steps
-            for step in steps:
+            for step in self._leader_steps if self.is_leader else ():
                 if now >= step.next_at:
                     step.next_at = now + step.interval
                     count = self._step(step.name, step.run_once)
