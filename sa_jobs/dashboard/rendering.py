@@ -34,7 +34,12 @@ __all__ = ["NOTICES", "Renderer", "jobs_count"]
 #: cannot put words in the dashboard's mouth.
 NOTICES = {
     "retried": "Retried: the job is available and will run at the next fetch.",
-    "cancelled": "Cancel requested.",
+    "cancelled": "Cancelled.",
+    "cancel-requested": (
+        "Cancel requested: the job is running, and its worker is asked to stop it "
+        "(it ends cancelled, unless it completes first)."
+    ),
+    "already-finished": "The job had already finished: nothing was cancelled.",
     "deleted": "Deleted.",
     "resumed": "The sequence's halted job was retried: the sequence runs on from it.",
     "paused": "Queue paused: workers stop fetching from it; running jobs finish.",
