@@ -174,5 +174,5 @@ class Renderer:
         )
         response = HTMLResponse(html, status_code=status_code, headers=SECURITY_HEADERS)
         if new:
-            set_csrf_cookie(response, token, prefix or "/")
+            set_csrf_cookie(response, request, token, prefix or "/")
         return response
