@@ -105,7 +105,7 @@ def hour_chart(minutes: Sequence[Minute]) -> Chart:
     )
 
 
-SPARK_WIDTH = 120
+SPARK_WIDTH = 90
 SPARK_HEIGHT = 24
 
 
