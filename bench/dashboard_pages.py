@@ -5,7 +5,7 @@
 Fills a throwaway database with ROWS finished jobs (1 in 500 discarded, 1 in 1,000 of a
 rare kind), vacuums it, then times one page of ``sa_jobs.dashboard.job_list.list_jobs``
 per filter and prints the plans of the rare-kind page. The figures are in
-docs/dashboard.md ("Big tables").
+docs/dashboard.md ("Big tables"), from a run with ROWS=10000000 (70 s in all).
 """
 
 from __future__ import annotations
