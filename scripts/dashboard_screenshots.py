@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 import sa_jobs
 from sa_jobs.dashboard import create_app
 from sa_jobs.devdb import find_server, throwaway_database
-from sa_jobs.models import Job, PeriodicState
+from sa_jobs.models import Job, PeriodicState, WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "img"
@@ -142,9 +142,23 @@ def seed_live(engine: Engine) -> None:
             session,
             [SendEmail(f"user{n}@example.com") for n in range(6)]
             + [SendEmail("old-address@bounce.example", template="receipt")]
-            + [ChargeCard("INV-2041", 2_500), ChargeCard("INV-2042", 250_000)]
             + [SyncAccount(42), SyncAccount(42, full=True), SyncAccount(42), SyncAccount(7)]
             + [ResizeImage("uploads/cat.jpg", 1200)],
+        )
+        # Unique per invoice and one at a time per customer: the job page shows both keys.
+        for invoice, cents in (("INV-2041", 2_500), ("INV-2042", 250_000)):
+            sa_jobs.insert(
+                session,
+                ChargeCard(invoice, cents),
+                unique=sa_jobs.UniqueOpts(by_args=True),
+                sequence=sa_jobs.SequenceOpts(),
+            )
+        # A job key (it cannot be combined with unique or sequence options).
+        sa_jobs.insert(
+            session,
+            SendEmail("ops@example.com", template="daily-digest"),
+            job_key="digest:ops",
+            scheduled_at=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1),
         )
         sa_jobs.insert(
             session,
@@ -169,6 +183,34 @@ def seed_periodic(engine: Engine) -> None:
         )
 
 
+def seed_gone_worker(engine: Engine) -> None:
+    """A worker that stopped heartbeating an hour ago (its row stays a day), with a job it
+    started moments ago: the Workers page shows it gone and the job an orphan (the
+    rescuer leaves the job until it has been running for rescue_after)."""
+    with engine.begin() as connection:
+        connection.execute(
+            insert(WorkerProcess).values(
+                id="web-2.d4e5f6",
+                hostname="web-2",
+                pid=4242,
+                queues=["mail", "billing"],
+                started_at=func.now() - dt.timedelta(hours=5),
+                heartbeat_at=func.now() - dt.timedelta(hours=1),
+            )
+        )
+        connection.execute(
+            insert(Job).values(
+                kind="send_email",
+                args_json={"to": "stuck@example.com", "template": "welcome"},
+                queue="mail",
+                state="running",
+                attempt=1,
+                attempted_at=func.now(),
+                attempted_by=["web-2.d4e5f6"],
+            )
+        )
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -185,6 +227,7 @@ def main() -> int:
                 seed_history(engine)
                 seed_live(engine)
                 seed_periodic(engine)
+                seed_gone_worker(engine)
                 shoot(engine)
             finally:
                 engine.dispose()
@@ -228,10 +271,18 @@ def shoot(engine: Engine) -> None:
                 failed = session.scalar(
                     select(Job.id).where(Job.args_json["invoice"].astext == "INV-2042")
                 )
+                keyed = session.scalar(
+                    select(Job.id).where(Job.args_json["template"].astext == "daily-digest")
+                )
             for name, path in pages(failed):
                 page.goto(base + path)
-                page.screenshot(path=str(OUT / f"dashboard-{name}.png"), full_page=True)
+                # The jobs list is as tall as its 50 rows: its first screen says enough.
+                full = name != "jobs"
+                page.screenshot(path=str(OUT / f"dashboard-{name}.png"), full_page=full)
                 print(f"docs/img/dashboard-{name}.png  {path}")
+            page.goto(f"{base}/jobs/{keyed}")
+            page.locator("table.fields").screenshot(path=str(OUT / "dashboard-job-key.png"))
+            print(f"docs/img/dashboard-job-key.png  /jobs/{keyed} (its fields)")
             # A bulk action's confirmation: tick the newest jobs (one running), press Delete.
             page.goto(base + "/jobs")
             for box in page.locator('input[name="id"]').all()[:6]:

@@ -19,7 +19,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
-from sa_jobs.dashboard.security import CSRF_COOKIE, CSRF_FIELD
+from sa_jobs.dashboard.security import CSRF_COOKIE, CSRF_FIELD, SECURE_CSRF_COOKIE
 
 __all__ = ["DashboardClient", "forms_posting", "free_port", "serving"]
 
@@ -28,9 +28,10 @@ class DashboardClient(TestClient):
     """A test client that posts like the dashboard's forms: with the CSRF cookie's token."""
 
     def token(self) -> str:
-        if CSRF_COOKIE not in self.cookies:
+        name = SECURE_CSRF_COOKIE if self.base_url.scheme == "https" else CSRF_COOKIE
+        if name not in self.cookies:
             self.get("/")
-        return str(self.cookies[CSRF_COOKIE])
+        return str(self.cookies[name])
 
     def act(self, path: str, **fields: Any) -> Any:
         data = {CSRF_FIELD: self.token(), **fields}

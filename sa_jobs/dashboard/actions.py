@@ -21,6 +21,7 @@ from starlette.responses import RedirectResponse, Response
 
 from sa_jobs.control import cancel_job, retry_job
 from sa_jobs.dashboard.context import Dashboard
+from sa_jobs.dashboard.queries import halts_sequence
 from sa_jobs.dashboard.security import CSRF_FIELD, csrf_problem
 from sa_jobs.errors import (
     InvalidJobArgsError,
@@ -28,11 +29,14 @@ from sa_jobs.errors import (
     JobNotFoundError,
     PeriodicJobNotFoundError,
     SaJobsError,
+    SchemaMissingError,
     UnknownKindError,
     UnknownQueueError,
 )
 from sa_jobs.periodic import run_now
 from sa_jobs.queues import pause_queue, resume_queue
+from sa_jobs.schema import SEQUENCE_BRANCH, Features
+from sa_jobs.states import JobState
 
 __all__ = [
     "Form",
@@ -161,18 +165,34 @@ async def _retry(request: Request, dashboard: Dashboard, form: Form) -> Response
 async def _cancel(request: Request, dashboard: Dashboard, form: Form) -> Response:
     job_id: int = request.path_params["job_id"]
 
-    def work(session: Session) -> None:
-        cancel_job(session, job_id)
+    def work(session: Session) -> JobState:
+        return cancel_job(session, job_id).state
 
-    await dashboard.database.write(work)
-    return redirect(request, dashboard, f"/jobs/{job_id}", "cancelled")
+    state = await dashboard.database.write(work)
+    # cancel_job returns a finished job unchanged, and a running one still running
+    # (its worker is asked to stop): say which happened.
+    notice = {JobState.CANCELLED: "cancelled", JobState.RUNNING: "cancel-requested"}.get(
+        state, "already-finished"
+    )
+    return redirect(request, dashboard, f"/jobs/{job_id}", notice)
 
 
 async def _resume_sequence(request: Request, dashboard: Dashboard, form: Form) -> Response:
-    """A halted sequence resumes when its halted job is retried (docs/sequences.md)."""
+    """A halted sequence resumes when its halted job is retried (docs/sequences.md).
+
+    Only a job that halts a sequence is retried here (409 otherwise): the button is on
+    the Sequences page, and a stale page must not retry some other job."""
     job_id: int = request.path_params["job_id"]
 
     def work(session: Session) -> None:
+        if not Features.of(session.connection()).sequence:
+            raise SchemaMissingError(SEQUENCE_BRANCH, "resuming a halted sequence")
+        if not halts_sequence(session, job_id):
+            raise Refused(
+                409,
+                f"Job {job_id} does not halt a sequence (any more): nothing to resume. "
+                "See the Sequences page for the halted ones.",
+            )
         retry_job(session, job_id)
 
     await dashboard.database.write(work)

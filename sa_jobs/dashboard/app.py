@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+
 from sqlalchemy import Engine
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from sa_jobs.dashboard import actions, bulk, pages
+from sa_jobs.dashboard import actions, bulk, failures, pages
 from sa_jobs.dashboard.context import Dashboard
 from sa_jobs.dashboard.database import Database
 from sa_jobs.dashboard.rendering import Renderer
@@ -17,6 +20,8 @@ from sa_jobs.dashboard.security import Auth, AuthGate
 from sa_jobs.errors import InvalidOptionsError
 
 __all__ = ["create_app"]
+
+log = logging.getLogger("sa_jobs.dashboard")
 
 
 def create_app(
@@ -34,10 +39,12 @@ def create_app(
     Args:
         engine: Where the jobs are: a sync ``Engine`` (queries run in a thread pool) or
             an ``AsyncEngine``.
-        auth: Called with every request (a Starlette ``Request``); returns True to let it
-            in, False to refuse it (403), or a ``Response`` to send instead; may be async.
-            ``sa_jobs.dashboard.basic_auth(user, password)`` makes one. None lets
-            everyone in: only for a dashboard that nobody else can reach.
+        auth: Called with every request (a Starlette ``Request``); returns a
+            ``Response`` to send instead, or a verdict taken as a truth value (truthy:
+            in; falsy: 403); may be async. ``sa_jobs.dashboard.basic_auth(user,
+            password)`` makes one. None lets everyone in — every page and every action —
+            and logs a warning saying so: only for a dashboard nobody else can reach, or
+            one your app guards with its own middleware.
         read_only: Hide every action, and refuse them (403).
         base_path: The path prefix browsers reach the dashboard at when a proxy in front
             strips it (``"/ops/jobs"``). Not needed when mounted: the mount's path is
@@ -55,6 +62,13 @@ def create_app(
     if auth is not None and not callable(auth):
         raise InvalidOptionsError(
             "auth", "must be a callable taking the request (see sa_jobs.dashboard.basic_auth)"
+        )
+    if auth is None:
+        log.warning(
+            "sa_jobs dashboard created with auth=None: every request is let in, actions "
+            "included. Pass create_app(engine, auth=...) — a callable on the request, or "
+            "sa_jobs.dashboard.basic_auth(user, password) — unless your app guards the "
+            "mount itself or only this machine can reach it."
         )
     dashboard = Dashboard(
         database=Database(engine),
@@ -78,6 +92,13 @@ def create_app(
         Route("/queues/resume", actions.unpause, methods=["POST"]),
         Mount("/static", StaticFiles(packages=[("sa_jobs.dashboard", "static")]), name="static"),
     ]
-    app = Starlette(routes=routes, middleware=[Middleware(AuthGate, auth=auth)])
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(AuthGate, auth=auth)],
+        exception_handlers={
+            HTTPException: failures.http_error,
+            **dict.fromkeys(failures.HANDLED, failures.page_for_error),
+        },
+    )
     app.state.dashboard = dashboard
     return app

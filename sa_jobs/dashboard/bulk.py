@@ -31,7 +31,7 @@ from starlette.responses import Response
 from sa_jobs.bulk import BulkResult, JobFilter, cancel_jobs, delete_jobs, retry_jobs
 from sa_jobs.dashboard.actions import Form, Refused, action, redirect
 from sa_jobs.dashboard.context import Dashboard
-from sa_jobs.dashboard.queries import ListFilter
+from sa_jobs.dashboard.job_list import ListFilter
 from sa_jobs.dashboard.rendering import jobs_count
 from sa_jobs.errors import JobNotFoundError
 from sa_jobs.models import job_table

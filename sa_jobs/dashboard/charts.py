@@ -1,8 +1,9 @@
-"""The overview's chart of the last hour, drawn on the server as SVG geometry.
+"""The overview's charts of the last hour, drawn on the server as SVG geometry.
 
 No JavaScript and no chart library: :func:`hour_chart` turns sixty
 :class:`~sa_jobs.dashboard.queries.Minute` values into rectangles and a polyline that the
-template writes out as inline SVG, with a ``<title>`` per bar for the hover text.
+template writes out as inline SVG, with a ``<title>`` per bar for the hover text;
+:func:`sparkline` makes each queue's small one.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import attrs
 
 from sa_jobs.dashboard.queries import Minute
 
-__all__ = ["Bar", "Chart", "hour_chart"]
+__all__ = ["Bar", "Chart", "Sparkline", "hour_chart", "sparkline"]
 
 WIDTH = 720
 HEIGHT = 180
@@ -102,6 +103,34 @@ def hour_chart(minutes: Sequence[Minute]) -> Chart:
         total_completed=sum(m.completed for m in minutes),
         total_discarded=sum(m.discarded for m in minutes),
     )
+
+
+SPARK_WIDTH = 90
+SPARK_HEIGHT = 24
+
+
+@attrs.frozen
+class Sparkline:
+    """A queue's hour in a table cell: one bar per minute of jobs finished."""
+
+    width: int
+    height: int
+    #: (x, y, height) of each non-empty minute's bar; every bar is one slot wide.
+    bars: Sequence[tuple[float, float, float]]
+    slot: float
+    max_jobs: int
+
+
+def sparkline(minutes: Sequence[Minute]) -> Sparkline:
+    slot = SPARK_WIDTH / max(len(minutes), 1)
+    max_jobs = max([m.completed + m.discarded for m in minutes] + [1])
+    bars = []
+    for index, minute in enumerate(minutes):
+        jobs = minute.completed + minute.discarded
+        if jobs:
+            height = max(SPARK_HEIGHT * jobs / max_jobs, 1.0)
+            bars.append((round(index * slot, 1), round(SPARK_HEIGHT - height, 1), round(height, 1)))
+    return Sparkline(SPARK_WIDTH, SPARK_HEIGHT, bars, round(slot, 2), max_jobs)
 
 
 def format_seconds(value: float) -> str:

@@ -11,11 +11,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sa_jobs.dashboard import queries
+from sa_jobs.dashboard import job_list, queries
 from sa_jobs.dashboard.charts import hour_chart
 from sa_jobs.dashboard.context import Dashboard
 from sa_jobs.dashboard.periodic_view import STALE_AFTER, periodic_view
 from sa_jobs.dashboard.queue_view import QueuesView, queues_view
+from sa_jobs.dashboard.workers_view import workers_view
 from sa_jobs.queue_stats import Stats, stats
 
 __all__ = ["job", "jobs", "overview", "periodic", "sequences", "workers"]
@@ -27,7 +28,8 @@ async def overview(request: Request) -> Response:
     def read(session: Any) -> tuple[Stats, QueuesView, queries.Throughput]:
         # sa_jobs.stats: the same figures as `sa-jobs stats` (estimates past its limit).
         figures = stats(session)
-        return figures, queues_view(session, figures), queries.throughput(session)
+        hour = queries.throughput(session)
+        return figures, queues_view(session, figures, hour), hour
 
     figures, queues, hour = await dashboard.database.read(read)
     return dashboard.renderer.page(
@@ -42,23 +44,29 @@ async def overview(request: Request) -> Response:
 
 async def jobs(request: Request) -> Response:
     dashboard = Dashboard.of(request)
+    params = request.query_params
     try:
-        jobs_filter = queries.ListFilter.from_params(request.query_params)
-        before = _optional_id(request.query_params.get("before", ""))
+        jobs_filter = job_list.ListFilter.from_params(params)
+        before = _optional_id(params.get("before", ""))
     except ValueError as exc:
         return dashboard.error_page(request, 400, str(exc))
+    after = params.get("after", "").strip()
 
-    def read(session: Any) -> queries.JobPage:
-        return queries.list_jobs(session, jobs_filter, before)
+    def read(session: Any) -> job_list.JobPage:
+        return job_list.list_jobs(session, jobs_filter, before, after=after)
 
-    page = await dashboard.database.read(read)
+    try:
+        page = await dashboard.database.read(read)
+    except job_list.FilterError as exc:
+        return dashboard.error_page(request, 400, str(exc))
     return dashboard.renderer.page(
         request,
         "jobs.html",
         filter=jobs_filter,
         result=page,
-        before=before,
-        window=queries.SCAN_WINDOW,
+        paged=bool(before or after),
+        next_params={**jobs_filter.params(), **page.next} if page.next else None,
+        window=job_list.SCAN_WINDOW,
     )
 
 
@@ -89,8 +97,8 @@ async def periodic(request: Request) -> Response:
 
 async def workers(request: Request) -> Response:
     dashboard = Dashboard.of(request)
-    view = await dashboard.database.read(queries.workers)
-    return dashboard.renderer.page(request, "workers.html", view=view, cap=queries.LIST_CAP)
+    view = await dashboard.database.read(workers_view)
+    return dashboard.renderer.page(request, "workers.html", view=view)
 
 
 #: Job ids are bigint.

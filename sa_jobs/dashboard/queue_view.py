@@ -1,5 +1,9 @@
 """The overview's queues: ``sa_jobs.stats()``'s figures per queue, joined with the queue
-controls (``sa_jobs.queue_states``) and the queues live workers serve.
+controls (``sa_jobs.queue_states``), the queues live workers serve, and each queue's
+last hour (:func:`~sa_jobs.dashboard.queries.throughput`).
+
+A worker counts as live only while its heartbeat is fresh
+(:func:`~sa_jobs.dashboard.workers_view.is_gone`): its row outlives it by a day.
 
 A queue exists in sa_jobs only through its jobs, its workers and its controls, so the
 table lists the union of the three: a paused queue with no jobs yet, or a queue a worker
@@ -14,12 +18,15 @@ from collections.abc import Mapping, Sequence
 import attrs
 from sqlalchemy.orm import Session
 
-from sa_jobs.queue_stats import Stats
+from sa_jobs.dashboard.charts import Sparkline, sparkline
+from sa_jobs.dashboard.queries import QueueHour, Throughput
+from sa_jobs.dashboard.workers_view import is_gone
+from sa_jobs.queue_stats import Stats, WorkerStats
 from sa_jobs.queues import queue_states
 from sa_jobs.schema import QUEUE_BRANCH, Features
 from sa_jobs.states import JobState
 
-__all__ = ["QueueRow", "QueuesView", "queues_view"]
+__all__ = ["QueueRow", "QueuesView", "live_workers", "queues_view"]
 
 
 @attrs.frozen
@@ -32,6 +39,10 @@ class QueueRow:
     paused_at: dt.datetime | None
     #: Live worker processes that serve it.
     workers: int
+    #: Its last hour: jobs finished and their mean wait (None: none finished).
+    hour: QueueHour | None = None
+    #: The hour as a sparkline (None: none finished).
+    spark: Sparkline | None = None
 
     @property
     def paused(self) -> bool:
@@ -43,20 +54,30 @@ class QueuesView:
     rows: Sequence[QueueRow]
     #: The ``sa_jobs_queue`` branch is installed: queues can be paused.
     controls: bool
+    #: Worker processes with a fresh heartbeat, and those whose row outlived them.
+    live_workers: int = 0
+    gone_workers: int = 0
     branch: str = QUEUE_BRANCH
 
 
-def queues_view(session: Session, figures: Stats) -> QueuesView:
+def live_workers(figures: Stats) -> list[WorkerStats]:
+    """The workers of ``figures`` that have a heartbeat row, and a fresh one."""
+    return [w for w in figures.workers if w.hostname is not None and not is_gone(w.heartbeat_age)]
+
+
+def queues_view(session: Session, figures: Stats, hour: Throughput) -> QueuesView:
     controls = Features.of(session.connection()).queue
     paused = {state.name: state.paused_at for state in queue_states(session, paused_only=True)}
+    live = live_workers(figures)
     serving: dict[str, int] = {}
-    for worker in figures.workers:
+    for worker in live:
         for queue in worker.queues:
             serving[queue] = serving.get(queue, 0) + 1
     zero = dict.fromkeys(JobState, 0)
     rows = []
-    for name in sorted(set(figures.queues) | set(paused) | set(serving)):
+    for name in sorted(set(figures.queues) | set(paused) | set(serving) | set(hour.queues)):
         found = figures.queues.get(name)
+        finished = hour.queues.get(name)
         rows.append(
             QueueRow(
                 name=name,
@@ -65,6 +86,11 @@ def queues_view(session: Session, figures: Stats) -> QueuesView:
                 oldest_available_age=found.oldest_available_age if found else None,
                 paused_at=paused.get(name),
                 workers=serving.get(name, 0),
+                hour=finished,
+                spark=sparkline(finished.minutes) if finished else None,
             )
         )
-    return QueuesView(rows=rows, controls=controls)
+    registered = sum(w.hostname is not None for w in figures.workers)
+    return QueuesView(
+        rows=rows, controls=controls, live_workers=len(live), gone_workers=registered - len(live)
+    )

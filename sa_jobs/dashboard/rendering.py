@@ -34,7 +34,12 @@ __all__ = ["NOTICES", "Renderer", "jobs_count"]
 #: cannot put words in the dashboard's mouth.
 NOTICES = {
     "retried": "Retried: the job is available and will run at the next fetch.",
-    "cancelled": "Cancel requested.",
+    "cancelled": "Cancelled.",
+    "cancel-requested": (
+        "Cancel requested: the job is running, and its worker is asked to stop it "
+        "(it ends cancelled, unless it completes first)."
+    ),
+    "already-finished": "The job had already finished: nothing was cancelled.",
     "deleted": "Deleted.",
     "resumed": "The sequence's halted job was retried: the sequence runs on from it.",
     "paused": "Queue paused: workers stop fetching from it; running jobs finish.",
@@ -169,5 +174,5 @@ class Renderer:
         )
         response = HTMLResponse(html, status_code=status_code, headers=SECURITY_HEADERS)
         if new:
-            set_csrf_cookie(response, token, prefix or "/")
+            set_csrf_cookie(response, request, token, prefix or "/")
         return response

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -421,6 +422,14 @@ def test_an_app_alembic_env_runs_the_migrations_shipped_in_the_wheel(
     wheels, venv, app = tmp_path / "wheels", tmp_path / "venv", tmp_path / "app"
     run([sys.executable, "-m", "build", "--wheel", "--outdir", wheels, REPO], cwd=tmp_path)
     (wheel,) = wheels.glob("sa_jobs-*.whl")
+    # The dashboard's templates and stylesheet ship too (no build step, no CDN).
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = set(archive.namelist())
+    dashboard = REPO / "sa_jobs" / "dashboard"
+    expected = [*dashboard.glob("templates/*.html"), dashboard / "static" / "dashboard.css"]
+    assert len(expected) > 5
+    for path in expected:
+        assert path.relative_to(REPO).as_posix() in shipped, path
     run([sys.executable, "-m", "venv", venv], cwd=tmp_path)
     python = venv / "bin" / "python"
     run([python, "-m", "pip", "install", "--quiet", wheel], cwd=tmp_path)
