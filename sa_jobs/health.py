@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from sa_jobs import horizon
 from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.horizon import HOLDERS_LISTED, DeadTuples, HolderKind, HorizonHolder
+from sa_jobs.option_checks import check_positive_count
 from sa_jobs.sessions import either_session
 
 __all__ = [
@@ -59,11 +60,6 @@ _RANKS = {HealthLevel.OK: 0, HealthLevel.WARNING: 1, HealthLevel.CRITICAL: 2}
 def _positive_duration(name: str, value: dt.timedelta) -> None:
     if not isinstance(value, dt.timedelta) or value <= dt.timedelta(0):
         raise InvalidOptionsError(name, f"must be a positive timedelta, got {value!r}")
-
-
-def _positive_count(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidOptionsError(name, f"must be a whole number of at least 1, got {value!r}")
 
 
 @attrs.frozen
@@ -101,8 +97,8 @@ class HealthThresholds:
         _positive_duration("xmin_age_warning", self.xmin_age_warning)
         _positive_duration("xmin_age_critical", self.xmin_age_critical)
         for name in ("xmin_xids", "dead_tuples"):
-            _positive_count(f"{name}_warning", getattr(self, f"{name}_warning"))
-            _positive_count(f"{name}_critical", getattr(self, f"{name}_critical"))
+            check_positive_count(f"{name}_warning", getattr(self, f"{name}_warning"))
+            check_positive_count(f"{name}_critical", getattr(self, f"{name}_critical"))
         for name in ("xmin_age", "xmin_xids", "dead_tuples"):
             warning, critical = getattr(self, f"{name}_warning"), getattr(self, f"{name}_critical")
             if warning > critical:

@@ -56,9 +56,8 @@ from sqlalchemy import cast as sql_cast
 from sqlalchemy.dialects.postgresql import REAL
 from sqlalchemy.sql.expression import ColumnElement
 
-from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.models import job_table
-from sa_jobs.option_checks import PRIORITY_RANGE
+from sa_jobs.option_checks import PRIORITY_RANGE, check_positive_count
 from sa_jobs.schema import Features
 from sa_jobs.states import FINAL_STATES, JobState
 
@@ -94,11 +93,7 @@ class StateCounts:
 
 def check_exact_limit(exact_limit: object) -> int:
     """``exact_limit`` as given, or :class:`~sa_jobs.errors.InvalidOptionsError`."""
-    if isinstance(exact_limit, bool) or not isinstance(exact_limit, int) or exact_limit < 1:
-        raise InvalidOptionsError(
-            "exact_limit", f"must be a whole number of at least 1, got {exact_limit!r}"
-        )
-    return exact_limit
+    return check_positive_count("exact_limit", exact_limit)
 
 
 def _in_state(state: JobState) -> list[ColumnElement[bool]]:

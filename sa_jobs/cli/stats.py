@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -26,25 +25,12 @@ from sa_jobs.queue_stats import EXACT_LIMIT, Stats, as_dict, stats
 from sa_jobs.schema import translate_missing_schema
 from sa_jobs.states import JobState
 
-__all__ = ["EXIT_CODES", "add_commands", "parse_duration"]
+__all__ = ["EXIT_CODES", "add_commands", "format_health", "format_stats"]
 
 #: ``sa-jobs health``'s exit code for each level.
 EXIT_CODES = {HealthLevel.OK: 0, HealthLevel.WARNING: 3, HealthLevel.CRITICAL: 4}
 
 SETTINGS = (settings.URL, settings.LOG_LEVEL)
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|)\s*$")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
-
-
-def parse_duration(text: str) -> dt.timedelta:
-    """``90``, ``90s``, ``5m``, ``1.5h``: a positive duration."""
-    found = _DURATION.match(text.lower())
-    if not found or float(found.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a duration; use seconds or a number with s, m or h (e.g. 5m)"
-        )
-    return dt.timedelta(seconds=float(found.group(1)) * _UNITS[found.group(2)])
 
 
 def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -53,7 +39,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     limits = argparse.ArgumentParser(add_help=False)
     group = limits.add_argument_group("health thresholds")
     for name, read, what in (
-        ("xmin_age", parse_duration, "a transaction has held the xmin horizon this long"),
+        ("xmin_age", settings.duration, "a transaction has held the xmin horizon this long"),
         ("xmin_xids", settings.positive_int, "the horizon is this many transaction ids old"),
         ("dead_tuples", settings.positive_int, "sa_job has this many dead row versions"),
     ):

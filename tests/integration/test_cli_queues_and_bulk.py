@@ -125,6 +125,8 @@ def test_jobs_delete_without_a_filter_or_with_id_and_filter_is_a_usage_error(
 def test_ages_on_the_command_line() -> None:
     assert age("7d") == dt.timedelta(days=7)
     assert age("90s") == dt.timedelta(seconds=90)
+    assert age("90") == dt.timedelta(seconds=90)  # the same syntax as sa-jobs stats' durations
+    assert age("1.5h") == dt.timedelta(minutes=90)
     assert age("2026-01-31T00:00:00+00:00") == dt.datetime(2026, 1, 31, tzinfo=dt.UTC)
     for bad in ("7 days", "2026-01-31T00:00:00", "-3d"):
         with pytest.raises(Exception, match="neither an age"):

@@ -9,7 +9,7 @@ import datetime as dt
 
 import pytest
 
-from sa_jobs.cli.stats import parse_duration
+from sa_jobs.cli.settings import duration
 from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.health import HealthLevel, HealthThresholds, evaluate
 from sa_jobs.horizon import DeadTuples, HolderKind, HorizonHolder
@@ -111,13 +111,24 @@ def test_bad_thresholds_are_refused_when_built(options: dict[str, object], fragm
 
 
 @pytest.mark.parametrize(
-    ("text", "seconds"), [("90", 90), ("90s", 90), ("5m", 300), ("1.5h", 5400), ("0.5s", 0.5)]
+    ("text", "seconds"),
+    [
+        ("90", 90),
+        ("90s", 90),
+        ("5m", 300),
+        ("1.5h", 5400),
+        ("0.5s", 0.5),
+        ("1d", 86_400),
+        ("2w", 1_209_600),
+        (" 7D ", 604_800),
+    ],
 )
 def test_durations(text: str, seconds: float) -> None:
-    assert parse_duration(text) == dt.timedelta(seconds=seconds)
+    # The one duration syntax of every command (stats' thresholds, the bulk filters' ages).
+    assert duration(text) == dt.timedelta(seconds=seconds)
 
 
-@pytest.mark.parametrize("text", ["", "0", "5 minutes", "-1s", "1d"])
+@pytest.mark.parametrize("text", ["", "0", "5 minutes", "-1s", "1y", "s"])
 def test_bad_durations(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="not a duration"):
-        parse_duration(text)
+        duration(text)
