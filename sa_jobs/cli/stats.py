@@ -11,18 +11,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy.orm import Session
-
 from sa_jobs.cli import settings
-from sa_jobs.cli.common import UsageError, engine_from, format_table
+from sa_jobs.cli.common import UsageError, format_table, session_from
 from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.health import Health, HealthLevel, HealthThresholds, check_health
 from sa_jobs.queue_stats import EXACT_LIMIT, Stats, as_dict, stats
-from sa_jobs.schema import translate_missing_schema
 from sa_jobs.states import JobState
 
 __all__ = ["EXIT_CODES", "add_commands", "format_health", "format_stats"]
@@ -105,22 +100,12 @@ def _thresholds(options: argparse.Namespace) -> HealthThresholds:
         raise UsageError(f"--{option.replace('_', '-')}: {message}") from None
 
 
-@contextmanager
-def _session(options: argparse.Namespace) -> Iterator[Session]:
-    engine = engine_from(options)
-    try:
-        with Session(engine) as session, translate_missing_schema():
-            yield session
-    finally:
-        engine.dispose()
-
-
 # ---------------------------------------------------------------------- stats
 
 
 def _stats(options: argparse.Namespace) -> int:
     thresholds = _thresholds(options)
-    with _session(options) as session:
+    with session_from(options) as session:
         found = stats(session, exact_limit=options.exact_limit, thresholds=thresholds)
     if options.json:
         print(json.dumps(as_dict(found), indent=2))
@@ -203,7 +188,7 @@ def _age(value: dt.timedelta | None) -> str:
 
 def _health(options: argparse.Namespace) -> int:
     thresholds = _thresholds(options)
-    with _session(options) as session:
+    with session_from(options) as session:
         found = check_health(session, thresholds)
     if options.json:
         print(json.dumps(as_dict(found), indent=2))
