@@ -8,13 +8,15 @@
 
 * Each insert call (``insert``, ``insert_many``, the flush of ``session.add(enqueue())``
   jobs) gets a ``PRODUCER`` span named ``send <queue>``, a child of whatever span is
-  current (the request that enqueued). Its context is injected, through the propagator API (W3C ``traceparent``
-  by default), into every job's ``metadata`` under :data:`METADATA_KEY`.
+  current (the request that enqueued). Its context is injected, through the propagator
+  API (W3C ``traceparent`` by default), into every job's ``metadata`` under
+  :data:`METADATA_KEY`.
 * Each attempt gets a ``CONSUMER`` span named ``process <queue>``, current while the
-  handler runs (so the handler's own spans are its children). It is **linked** to the context extracted from
-  the job's metadata, as the messaging semantic conventions recommend for a message
-  processed long after it was created; ``attempt_parent="child"`` makes it a child of
-  that context instead, putting the whole job in the enqueuing request's trace.
+  handler runs (so the handler's own spans are its children). It is **linked** to the
+  context extracted from the job's metadata, as the messaging semantic conventions
+  recommend for a message processed long after it was created; ``attempt_parent="child"``
+  makes it a child of that context instead, putting the whole job in the enqueuing
+  request's trace.
 * A failed or discarded attempt records its exception and sets the span's status to
   ``ERROR``; cancelled, snoozed and completed attempts leave the status unset.
 
