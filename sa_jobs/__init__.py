@@ -17,7 +17,7 @@ from sa_jobs.convert import ArgsConverter
 from sa_jobs.enqueue import enqueue
 from sa_jobs.errors import SaJobsError
 from sa_jobs.health import Health, HealthThresholds, check_health
-from sa_jobs.hooks import add_insert_hook, remove_insert_hook
+from sa_jobs.hooks import InsertHook, WorkHook, add_insert_hook, remove_insert_hook
 from sa_jobs.insert import InsertManyParams, InsertResult, insert, insert_job, insert_many
 from sa_jobs.job_key import RemoveOutcome, remove_job
 from sa_jobs.limits import ConcurrencyLimit, RateLimit
@@ -43,6 +43,7 @@ __all__ = [
     "Health",
     "HealthThresholds",
     "InsertAction",
+    "InsertHook",
     "InsertManyParams",
     "InsertOptions",
     "InsertOpts",
@@ -62,6 +63,7 @@ __all__ = [
     "SequenceOpts",
     "Stats",
     "UniqueOpts",
+    "WorkHook",
     "Worker",
     "add_insert_hook",
     "cancel_job",

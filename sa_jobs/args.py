@@ -28,7 +28,12 @@ from typing import Any, TypeVar, dataclass_transform
 import attrs
 
 from sa_jobs.convert import ArgsConverter, default_converter
-from sa_jobs.errors import DuplicateKindError, InvalidJobArgsError, UnknownKindError
+from sa_jobs.errors import (
+    DuplicateKindError,
+    InvalidJobArgsError,
+    InvalidOptionsError,
+    UnknownKindError,
+)
 from sa_jobs.jsonvalue import unstorable_text
 from sa_jobs.option_checks import check_tags, check_timeout
 from sa_jobs.options import (
@@ -42,6 +47,7 @@ from sa_jobs.options import (
 __all__ = [
     "JobKind",
     "KindRegistry",
+    "check_kind",
     "default_registry",
     "field",
     "job_args",
@@ -336,6 +342,32 @@ def _field_names(cls: type) -> list[str]:
     if attrs.has(cls):
         return [item.name for item in attrs.fields(cls)]
     return [item.name for item in dataclasses.fields(cls)]
+
+
+def check_kind(kind: object) -> str:
+    """A kind named by an option (a filter's ``kind=``, a limit's ``kind=``): its args
+    class (or an instance) or its kind string, as the kind string.
+
+    The one resolver for every option that names a kind, so the same mistake gets the
+    same error everywhere. (It lives here rather than in :mod:`sa_jobs.option_checks`
+    because resolving a class needs :func:`kind_of`, and this module imports that one.)
+
+    Raises:
+        InvalidOptionsError: neither a job args class nor a storable kind string of 1 to
+            128 characters.
+    """
+    if isinstance(kind, str):
+        try:
+            check_kind_name(kind)
+        except InvalidJobArgsError as exc:
+            raise InvalidOptionsError(
+                "kind", f"must be a job args class or a kind string: {exc}"
+            ) from None
+        return kind
+    try:
+        return kind_of(kind).name
+    except InvalidJobArgsError as exc:
+        raise InvalidOptionsError("kind", f"{exc} (or pass the kind as a string)") from None
 
 
 def check_kind_name(kind: object) -> None:

@@ -39,7 +39,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import ColumnElement
 
 from sa_jobs import sequence
-from sa_jobs.args import default_registry, kind_of
+from sa_jobs.args import check_kind, default_registry
 from sa_jobs.control import cancel_ids, retry_ids
 from sa_jobs.errors import InvalidOptionsError, UnknownKindError
 from sa_jobs.models import Job
@@ -138,12 +138,11 @@ class JobFilter:
         """Check every value for ``operation``; nothing touches the database.
 
         Raises:
-            InvalidOptionsError: an empty filter, a bad value, or a state the operation
-                refuses.
-            InvalidJobArgsError: a class that is not a job args class.
+            InvalidOptionsError: an empty filter, a bad value (a class that is not a job
+                args class too), or a state the operation refuses.
         """
         built = cls(
-            kinds=tuple(_kind_name(k) for k in _many(kind, (str, type))),
+            kinds=tuple(check_kind(k) for k in _many(kind, (str, type))),
             queues=tuple(check_queue(q) for q in _many(queue, (str,))),
             states=tuple(_state(s) for s in _many(state, (str, JobState))),
             ids=tuple(_job_id(i) for i in _many(ids, ())),
@@ -207,14 +206,6 @@ def _many(value: Any, singles: tuple[type, ...]) -> list[Any]:
     if isinstance(value, singles) or not isinstance(value, Iterable):
         return [value]
     return list(value)
-
-
-def _kind_name(kind: object) -> str:
-    if isinstance(kind, str):
-        if not kind:
-            raise InvalidOptionsError("kind", "must be an args class or a non-empty kind string")
-        return kind
-    return kind_of(kind).name
 
 
 def _state(state: object) -> JobState:

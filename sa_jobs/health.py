@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from sa_jobs import horizon
 from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.horizon import HOLDERS_LISTED, DeadTuples, HolderKind, HorizonHolder
+from sa_jobs.option_checks import check_positive_count
 from sa_jobs.sessions import either_session
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "HealthLevel",
     "HealthThresholds",
     "check_health",
+    "dead_tuple_limits",
     "evaluate",
     "read_health",
 ]
@@ -61,11 +63,6 @@ def _positive_duration(name: str, value: dt.timedelta) -> None:
         raise InvalidOptionsError(name, f"must be a positive timedelta, got {value!r}")
 
 
-def _positive_count(name: str, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidOptionsError(name, f"must be a whole number of at least 1, got {value!r}")
-
-
 @attrs.frozen
 class HealthThresholds:
     """When the health check warns and when it calls it critical; each pair is checked
@@ -86,8 +83,12 @@ class HealthThresholds:
         xmin_xids_critical: Default 1,000,000.
         dead_tuples_warning: Dead row versions in ``sa_job`` (``n_dead_tup``). The
             schema has autovacuum start at 1 % of the table's rows, so past this many
-            vacuum is behind or held back. Default 200,000.
-        dead_tuples_critical: Default 1,000,000.
+            vacuum is behind or held back. Default 200,000. On a big table autovacuum
+            itself waits longer (50 + 1 % of 50M live rows is 500,050 dead), so the
+            level is judged against the larger of this and ``TRIGGER_WARNING`` times the
+            table's autovacuum trigger (see :func:`dead_tuple_limits`).
+        dead_tuples_critical: Default 1,000,000; likewise against ``TRIGGER_CRITICAL``
+            times the trigger.
     """
 
     xmin_age_warning: dt.timedelta = dt.timedelta(minutes=5)
@@ -101,8 +102,8 @@ class HealthThresholds:
         _positive_duration("xmin_age_warning", self.xmin_age_warning)
         _positive_duration("xmin_age_critical", self.xmin_age_critical)
         for name in ("xmin_xids", "dead_tuples"):
-            _positive_count(f"{name}_warning", getattr(self, f"{name}_warning"))
-            _positive_count(f"{name}_critical", getattr(self, f"{name}_critical"))
+            check_positive_count(f"{name}_warning", getattr(self, f"{name}_warning"))
+            check_positive_count(f"{name}_critical", getattr(self, f"{name}_critical"))
         for name in ("xmin_age", "xmin_xids", "dead_tuples"):
             warning, critical = getattr(self, f"{name}_warning"), getattr(self, f"{name}_critical")
             if warning > critical:
@@ -110,6 +111,31 @@ class HealthThresholds:
                     f"{name}_warning",
                     f"{warning} is above {name}_critical ({critical}); a warning comes first",
                 )
+
+
+#: Dead rows are a warning only past this many times autovacuum's trigger for the table
+#: (and past ``dead_tuples_warning``): under it, autovacuum has simply not come round yet.
+TRIGGER_WARNING = 2
+#: And critical only past this many times the trigger (and ``dead_tuples_critical``).
+TRIGGER_CRITICAL = 5
+
+
+def dead_tuple_limits(dead: DeadTuples, thresholds: HealthThresholds) -> tuple[int, int]:
+    """The warning and critical dead-row counts for ``sa_job`` as it is now.
+
+    The configured thresholds, raised to ``TRIGGER_WARNING`` / ``TRIGGER_CRITICAL`` times
+    the table's autovacuum trigger (``autovacuum_vacuum_threshold +
+    autovacuum_vacuum_scale_factor * live``): a table of 50M live rows gets no vacuum
+    before 500,050 dead rows, so 200,000 dead is no sign of trouble there. With
+    autovacuum off for the table, the configured thresholds stand.
+    """
+    warning, critical = thresholds.dead_tuples_warning, thresholds.dead_tuples_critical
+    if dead.vacuum_trigger is None:
+        return warning, critical
+    return (
+        max(warning, TRIGGER_WARNING * dead.vacuum_trigger),
+        max(critical, TRIGGER_CRITICAL * dead.vacuum_trigger),
+    )
 
 
 @attrs.frozen
@@ -272,10 +298,11 @@ def evaluate(
                 )
             )
     if dead is not None:
-        level = _level(dead.dead, t.dead_tuples_warning, t.dead_tuples_critical)
+        dead_warning, dead_critical = dead_tuple_limits(dead, t)
+        level = _level(dead.dead, dead_warning, dead_critical)
         if level is not HealthLevel.OK:
             critical = level is HealthLevel.CRITICAL
-            limit = t.dead_tuples_critical if critical else t.dead_tuples_warning
+            limit = dead_critical if critical else dead_warning
             vacuumed = max(
                 (v for v in (dead.last_vacuum, dead.last_autovacuum) if v is not None),
                 default=None,
@@ -285,7 +312,7 @@ def evaluate(
                     level,
                     "dead_tuples",
                     f"sa_job has {dead.dead:,} dead row versions beside {dead.live:,} live ones "
-                    f"({level.value} at {limit:,}); last vacuumed "
+                    f"({level.value} at {limit:,}{_trigger_note(dead)}); last vacuumed "
                     f"{vacuumed.isoformat(timespec='seconds') if vacuumed else 'never'}: "
                     "check that autovacuum runs and that nothing holds the xmin horizon",
                 )
@@ -293,6 +320,12 @@ def evaluate(
     findings.sort(key=lambda finding: finding.level.rank, reverse=True)
     worst = findings[0].level if findings else HealthLevel.OK
     return worst, tuple(findings)
+
+
+def _trigger_note(dead: DeadTuples) -> str:
+    if dead.vacuum_trigger is None:
+        return ", autovacuum is off for it"
+    return f"; autovacuum starts at {dead.vacuum_trigger:,}"
 
 
 def _xid_limit(level: HealthLevel, t: HealthThresholds) -> int:

@@ -39,6 +39,7 @@ __all__ = [
     "horizon_holders",
     "oldest_xid_age",
     "sees_all_sessions",
+    "vacuum_trigger",
 ]
 
 #: How many holders of the horizon of each kind are read (the oldest first).
@@ -96,6 +97,24 @@ class DeadTuples:
     last_autovacuum: dt.datetime | None
     vacuum_count: int
     autovacuum_count: int
+    #: How many dead rows make autovacuum vacuum ``sa_job``: its
+    #: ``autovacuum_vacuum_threshold + autovacuum_vacuum_scale_factor * live`` (the
+    #: table's own settings, else the server's); None when autovacuum is off for it.
+    vacuum_trigger: int | None = None
+
+
+def vacuum_trigger(live: int, reloptions: list[str] | None, settings: dict[str, str]) -> int | None:
+    """The dead rows at which autovacuum vacuums a table of ``live`` rows, from its
+    ``reloptions`` (``["autovacuum_vacuum_scale_factor=0.01", ...]``) and the server's
+    ``autovacuum``, ``autovacuum_vacuum_threshold`` and ``autovacuum_vacuum_scale_factor``;
+    None when autovacuum will not vacuum it."""
+    table = dict(option.split("=", 1) for option in reloptions or () if "=" in option)
+    enabled = table.get("autovacuum_enabled", "on").lower() not in ("off", "false", "0", "no")
+    if settings.get("autovacuum", "on") != "on" or not enabled:
+        return None
+    threshold = int(table.get("autovacuum_vacuum_threshold", settings["threshold"]))
+    scale = float(table.get("autovacuum_vacuum_scale_factor", settings["scale_factor"]))
+    return threshold + round(scale * max(live, 0))
 
 
 _activity = table(
@@ -123,6 +142,8 @@ _slots = table(
 )
 _slot_xmin: ColumnClause[Any] = column("xmin")
 _slot_catalog_xmin: ColumnClause[Any] = column("catalog_xmin")
+_class = table("pg_class", column("oid"), column("reloptions"))
+
 _table_stats = table(
     "pg_stat_user_tables",
     *map(
@@ -243,6 +264,7 @@ def oldest_xid_age(connection: Connection) -> int:
 def dead_tuples(connection: Connection) -> DeadTuples | None:
     """``sa_job``'s row in ``pg_stat_user_tables``; None when the statistics have none."""
     t = _table_stats.c
+    c = _class.c
     # to_regclass follows the search_path, as every other statement on sa_job does.
     relid = func.to_regclass(job_table.name)
     row = connection.execute(
@@ -253,7 +275,13 @@ def dead_tuples(connection: Connection) -> DeadTuples | None:
             t.last_autovacuum,
             t.vacuum_count,
             t.autovacuum_count,
-        ).where(t.relid == relid)
+            c.reloptions,
+            func.current_setting("autovacuum").label("autovacuum"),
+            func.current_setting("autovacuum_vacuum_threshold").label("threshold"),
+            func.current_setting("autovacuum_vacuum_scale_factor").label("scale_factor"),
+        )
+        .join_from(_table_stats, _class, c.oid == t.relid)
+        .where(t.relid == relid)
     ).one_or_none()
     if row is None:
         return None
@@ -264,6 +292,15 @@ def dead_tuples(connection: Connection) -> DeadTuples | None:
         last_autovacuum=row.last_autovacuum,
         vacuum_count=row.vacuum_count,
         autovacuum_count=row.autovacuum_count,
+        vacuum_trigger=vacuum_trigger(
+            row.n_live_tup,
+            row.reloptions,
+            {
+                "autovacuum": row.autovacuum,
+                "threshold": row.threshold,
+                "scale_factor": row.scale_factor,
+            },
+        ),
     )
 
 

@@ -23,9 +23,9 @@ from typing import Literal
 
 import attrs
 
-from sa_jobs.args import kind_of
-from sa_jobs.errors import InvalidJobArgsError, InvalidOptionsError
-from sa_jobs.option_checks import MAX_QUEUE_LENGTH, check_queue, check_text
+from sa_jobs.args import check_kind
+from sa_jobs.errors import InvalidOptionsError
+from sa_jobs.option_checks import check_positive_count, check_queue
 
 __all__ = [
     "MAX_LIMIT",
@@ -64,13 +64,7 @@ class LimitScope:
 
 
 def _kind_name(kind: object) -> str | None:
-    """A kind given as its args class or as its string."""
-    if kind is None or isinstance(kind, str):
-        return kind
-    try:
-        return kind_of(kind).name
-    except InvalidJobArgsError as exc:
-        raise InvalidOptionsError("kind", f"{exc} (or pass the kind as a string)") from None
+    return None if kind is None else check_kind(kind)
 
 
 def _scope_of(option: str, queue: str | None, kind: str | None) -> LimitScope:
@@ -82,23 +76,17 @@ def _scope_of(option: str, queue: str | None, kind: str | None) -> LimitScope:
         )
     if queue is not None:
         return LimitScope("queue", check_queue(queue))
-    assert kind is not None
-    if not kind.strip() or len(kind) > MAX_QUEUE_LENGTH:
-        raise InvalidOptionsError(
-            "kind", f"must be a job args class or a kind of 1 to 128 characters, got {kind!r}"
-        )
-    check_text("kind", kind)
+    assert kind is not None  # checked by the field's converter (args.check_kind)
     return LimitScope("kind", kind)
 
 
 def _positive_count(option: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
-        raise InvalidOptionsError(
-            option,
-            f"must be an int from 1 to {MAX_LIMIT}, got {value!r} (to stop a queue, pause "
-            "it or leave it out of the worker's queues)",
-        )
-    return value
+    return check_positive_count(
+        option,
+        value,
+        maximum=MAX_LIMIT,
+        hint="to stop a queue, pause it or leave it out of the worker's queues",
+    )
 
 
 @attrs.frozen(kw_only=True)

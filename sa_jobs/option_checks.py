@@ -28,6 +28,7 @@ __all__ = [
     "PRIORITY_RANGE",
     "check_max_attempts",
     "check_metadata",
+    "check_positive_count",
     "check_priority",
     "check_queue",
     "check_scheduled_at",
@@ -58,6 +59,26 @@ def check_queue(queue: object) -> str:
         )
     check_text("queue", queue)
     return queue
+
+
+def check_positive_count(
+    option: str, value: object, *, maximum: int | None = None, hint: str = ""
+) -> int:
+    """A whole number of at least 1 (and at most ``maximum``); ``hint`` is added to the
+    message, in parentheses."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < 1
+        or (maximum is not None and value > maximum)
+    ):
+        wanted = (
+            "a whole number of at least 1" if maximum is None else f"an int from 1 to {maximum}"
+        )
+        raise InvalidOptionsError(
+            option, f"must be {wanted}, got {value!r}" + (f" ({hint})" if hint else "")
+        )
+    return value
 
 
 def check_text(option: str, value: str) -> None:

@@ -7,21 +7,24 @@
     worker = sa_jobs.Worker(engine, hooks=[otel])   # every attempt of this worker
 
 * Each insert call (``insert``, ``insert_many``, the flush of ``session.add(enqueue())``
-  jobs) gets a ``PRODUCER`` span, a child of whatever span is current (the request that
-  enqueued). Its context is injected, through the propagator API (W3C ``traceparent``
-  by default), into every job's ``metadata`` under :data:`METADATA_KEY`.
-* Each attempt gets a ``CONSUMER`` span, current while the handler runs (so the
-  handler's own spans are its children). It is **linked** to the context extracted from
-  the job's metadata, as the messaging semantic conventions recommend for a message
-  processed long after it was created; ``attempt_parent="child"`` makes it a child of
-  that context instead, putting the whole job in the enqueuing request's trace.
+  jobs) gets a ``PRODUCER`` span named ``send <queue>``, a child of whatever span is
+  current (the request that enqueued). Its context is injected, through the propagator
+  API (W3C ``traceparent`` by default), into every job's ``metadata`` under
+  :data:`METADATA_KEY`.
+* Each attempt gets a ``CONSUMER`` span named ``process <queue>``, current while the
+  handler runs (so the handler's own spans are its children). It is **linked** to the
+  context extracted from the job's metadata, as the messaging semantic conventions
+  recommend for a message processed long after it was created; ``attempt_parent="child"``
+  makes it a child of that context instead, putting the whole job in the enqueuing
+  request's trace.
 * A failed or discarded attempt records its exception and sets the span's status to
   ``ERROR``; cancelled, snoozed and completed attempts leave the status unset.
 
 Attribute names follow the messaging semantic conventions where one fits
 (``messaging.system``, ``messaging.operation.type``/``.name``,
 ``messaging.destination.name`` = the queue, ``messaging.message.id`` = the job id,
-``messaging.batch.message_count``) and use ``sa_jobs.*`` otherwise.
+``messaging.batch.message_count``) and use ``sa_jobs.*`` otherwise (``sa_jobs.job.kind``:
+span names are the conventions' ``{operation} {destination}``, so the kind is there).
 """
 
 from __future__ import annotations
@@ -99,7 +102,7 @@ class OpenTelemetryHooks(InsertHook, WorkHook):
         attributes: dict[str, Any] = {
             "messaging.system": SYSTEM,
             "messaging.operation.type": "send",
-            "messaging.operation.name": "insert",
+            "messaging.operation.name": "send",
         }
         if len(queues) == 1:
             attributes["messaging.destination.name"] = next(iter(queues))
@@ -107,7 +110,9 @@ class OpenTelemetryHooks(InsertHook, WorkHook):
             attributes["sa_jobs.job.kind"] = next(iter(kinds))
         if len(jobs) != 1:
             attributes["messaging.batch.message_count"] = len(jobs)
-        name = f"insert {next(iter(kinds))}" if len(kinds) == 1 else "insert"
+        # The conventions' span name, "{operation} {destination}" ("send mail"); a batch
+        # over several queues has no one destination. The kind is an attribute.
+        name = f"send {next(iter(queues))}" if len(queues) == 1 else "send"
         span = self._tracer.start_span(name, kind=SpanKind.PRODUCER, attributes=attributes)
         with_span = trace.set_span_in_context(span)
         carrier: dict[str, str] = {}
@@ -146,14 +151,14 @@ class OpenTelemetryHooks(InsertHook, WorkHook):
                 else:
                     links.append(Link(creation))
         span = self._tracer.start_span(
-            f"work {job.kind}",
+            f"process {job.queue}",
             context=current,
             kind=SpanKind.CONSUMER,
             links=links,
             attributes={
                 "messaging.system": SYSTEM,
                 "messaging.operation.type": "process",
-                "messaging.operation.name": "work",
+                "messaging.operation.name": "process",
                 "messaging.destination.name": job.queue,
                 "messaging.message.id": str(job.id),
                 "sa_jobs.job.kind": job.kind,

@@ -22,37 +22,40 @@ Read from the database at each scrape, when an ``engine`` is given (the same fig
 from any process, so scrape one):
 
 * ``sa_jobs_queue_jobs{queue, state}`` — jobs ``available``, ``scheduled``,
-  ``retryable`` and ``running``, per queue;
+  ``retryable`` and ``running``, per queue: exact up to ``exact_limit`` per state,
+  estimated past it (:mod:`sa_jobs.job_counts`, shared with :func:`sa_jobs.stats`);
+* ``sa_jobs_queue_jobs_estimated{state}`` — 1 when that state's figures are estimates;
 * ``sa_jobs_queue_oldest_available_seconds{queue}`` — how long the oldest available job
-  of each queue has been due.
+  of each queue has been due;
+* ``sa_jobs_queue_paused{queue}`` — 1 for a paused queue, 0 for one resumed (with the
+  ``sa_jobs_queue`` branch), so an oldest-age alert can leave paused queues out.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
+import attrs
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import (
-    CompoundSelect,
-    Engine,
-    Float,
-    cast,
-    extract,
-    func,
-    literal,
-    select,
-    union_all,
-)
+from sqlalchemy import Connection, Engine, func, select
 
 from sa_jobs.hooks import AttemptResult, InsertHook, InsertingJob, WorkHook
-from sa_jobs.models import Job
+from sa_jobs.job_counts import (
+    EXACT_LIMIT,
+    StateCounts,
+    check_exact_limit,
+    count_jobs,
+    oldest_available,
+)
+from sa_jobs.models import Job, JobQueue
+from sa_jobs.schema import Features
 from sa_jobs.states import InsertAction, JobState
 
-__all__ = ["DEFAULT_BUCKETS", "PrometheusMetrics", "QueueCollector", "queue_depth"]
+__all__ = ["DEFAULT_BUCKETS", "PrometheusMetrics", "QueueCollector", "QueueFigures", "read_queues"]
 
 log = logging.getLogger("sa_jobs.prometheus")
 
@@ -76,6 +79,8 @@ class PrometheusMetrics(InsertHook, WorkHook):
             database at each scrape.
         namespace: The metrics' name prefix.
         buckets: The attempt duration histogram's buckets, in seconds.
+        exact_limit: The queue gauges count each state exactly up to this many jobs and
+            estimate past it (as :func:`sa_jobs.stats` does).
     """
 
     def __init__(
@@ -85,6 +90,7 @@ class PrometheusMetrics(InsertHook, WorkHook):
         engine: Engine | None = None,
         namespace: str = "sa_jobs",
         buckets: Sequence[float] = DEFAULT_BUCKETS,
+        exact_limit: int = EXACT_LIMIT,
     ) -> None:
         self.inserted = Counter(
             "jobs_inserted",
@@ -110,7 +116,7 @@ class PrometheusMetrics(InsertHook, WorkHook):
         )
         self.queues: QueueCollector | None = None
         if engine is not None:
-            self.queues = QueueCollector(engine, namespace)
+            self.queues = QueueCollector(engine, namespace, exact_limit=exact_limit)
             registry.register(self.queues)
 
     def after_insert(self, jobs: Sequence[InsertingJob], error: BaseException | None) -> None:
@@ -124,45 +130,54 @@ class PrometheusMetrics(InsertHook, WorkHook):
         self.duration.labels(kind, queue).observe(result.duration)
 
 
-def queue_depth() -> CompoundSelect[Any]:
-    """Per queue and state: the jobs waiting or running, and for ``available`` how many
-    seconds the oldest has been due.
+@attrs.frozen
+class QueueFigures:
+    """What one scrape reads: the counts (:class:`~sa_jobs.job_counts.StateCounts`),
+    the oldest available age per queue (seconds), and which queues are paused (None
+    without the ``sa_jobs_queue`` branch)."""
 
-    One ``SELECT`` per state, each matching a partial index of that state (the fetch
-    index holds ``queue`` and ``scheduled_at``, so available jobs are counted from the
-    index alone); the jobs' finished history is never read. ``sa_jobs.stats`` may serve
-    this later.
-    """
-    parts = []
-    for state in DEPTH_STATES:
-        oldest: Any = (
-            extract("epoch", func.now() - func.min(Job.scheduled_at))
-            if state is JobState.AVAILABLE
-            else literal(None, Float)
-        )
-        parts.append(
-            select(
-                Job.queue,
-                literal(state.value).label("state"),
-                func.count().label("jobs"),
-                cast(oldest, Float).label("oldest"),
-            )
-            .where(Job.state == state)
-            .group_by(Job.queue)
-        )
-    return union_all(*parts)
+    counts: StateCounts
+    oldest: Mapping[str, float]
+    paused: Mapping[str, bool] | None
+
+
+def read_queues(connection: Connection, exact_limit: int = EXACT_LIMIT) -> QueueFigures:
+    """The queue gauges' figures, through :mod:`sa_jobs.job_counts`: each state counted
+    through its own partial index and capped at ``exact_limit`` (estimated past it), the
+    oldest age by a skip scan of the fetch index — bounded work, however big the backlog
+    or the history."""
+    features = Features.of(connection)
+    oldest = oldest_available(connection)
+    counts = count_jobs(
+        connection, DEPTH_STATES, exact_limit, features=features, available_queues=oldest
+    )
+    paused = None
+    if features.queue:
+        paused = {
+            name: paused_at is not None
+            for name, paused_at in connection.execute(select(JobQueue.name, JobQueue.paused_at))
+        }
+    return QueueFigures(
+        counts=counts,
+        oldest={queue: age.total_seconds() for queue, age in oldest.items()},
+        paused=paused,
+    )
 
 
 class QueueCollector(Collector):
-    """The queue gauges, read with :func:`queue_depth` at each scrape.
+    """The queue gauges, read with :func:`read_queues` at each scrape.
 
     A scrape that cannot reach the database (or runs past ``SCRAPE_TIMEOUT_MS``) logs a
     warning and reports no queue gauges rather than failing the whole scrape.
     """
 
-    def __init__(self, engine: Engine, namespace: str = "sa_jobs") -> None:
+    def __init__(
+        self, engine: Engine, namespace: str = "sa_jobs", *, exact_limit: int = EXACT_LIMIT
+    ) -> None:
+        check_exact_limit(exact_limit)
         self.engine = engine
         self.namespace = namespace
+        self.exact_limit = exact_limit
 
     def describe(self) -> Iterable[Metric]:
         # Given so that registering does not run a query (the registry would call
@@ -170,24 +185,35 @@ class QueueCollector(Collector):
         return list(self._families())
 
     def collect(self) -> Iterator[Metric]:
-        depth, oldest = self._families()
+        depth, estimated, oldest, paused = self._families()
         try:
             with self.engine.begin() as connection:
                 connection.execute(
                     select(func.set_config("statement_timeout", str(SCRAPE_TIMEOUT_MS), True))
                 )
-                rows = connection.execute(queue_depth()).all()
+                found = read_queues(connection, self.exact_limit)
         except Exception as exc:
             log.warning("could not read the queue gauges: %s", exc)
             return
-        for row in rows:
-            depth.add_metric([row.queue, row.state], row.jobs)
-            if row.oldest is not None:
-                oldest.add_metric([row.queue], max(row.oldest, 0.0))
+        for queue, by_state in sorted(found.counts.counts.items()):
+            for state in DEPTH_STATES:
+                if state in by_state:
+                    depth.add_metric([queue, state.value], by_state[state])
+        for state in DEPTH_STATES:
+            estimated.add_metric([state.value], 1 if state in found.counts.estimated else 0)
+        for queue, seconds in sorted(found.oldest.items()):
+            oldest.add_metric([queue], seconds)
+        for queue, is_paused in sorted((found.paused or {}).items()):
+            paused.add_metric([queue], 1 if is_paused else 0)
         yield depth
+        yield estimated
         yield oldest
+        if found.paused is not None:
+            yield paused
 
-    def _families(self) -> tuple[GaugeMetricFamily, GaugeMetricFamily]:
+    def _families(
+        self,
+    ) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
         return (
             GaugeMetricFamily(
                 f"{self.namespace}_queue_jobs",
@@ -195,8 +221,18 @@ class QueueCollector(Collector):
                 labels=["queue", "state"],
             ),
             GaugeMetricFamily(
+                f"{self.namespace}_queue_jobs_estimated",
+                "1 when the state's queue_jobs figures are estimates (past the exact limit).",
+                labels=["state"],
+            ),
+            GaugeMetricFamily(
                 f"{self.namespace}_queue_oldest_available_seconds",
                 "How long the oldest available job of each queue has been due.",
+                labels=["queue"],
+            ),
+            GaugeMetricFamily(
+                f"{self.namespace}_queue_paused",
+                "1 for a paused queue, 0 for one resumed (queues ever paused).",
                 labels=["queue"],
             ),
         )

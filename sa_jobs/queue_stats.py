@@ -2,20 +2,13 @@
 oldest available one has waited, what each worker runs, which sequences are halted, and
 the health figures of :mod:`sa_jobs.health`.
 
-It must stay fast on a table of 10 million finished jobs, so it never counts what it
-cannot count through a small index:
-
-* The **active states** (``available``, ``scheduled``, ``pending``, ``running``,
-  ``retryable``) are counted exactly: each has a partial index holding only its rows
-  (``docs/operations.md``, "Big tables"), and a healthy queue keeps them small.
-* The **finished states** (``completed``, ``cancelled``, ``discarded``) are what grows.
-  Each is counted exactly up to ``exact_limit`` rows (default 100,000), walking
-  ``sa_job_finalized_idx`` and stopping one row past the limit. Past it, the count is an
-  *estimate* from a page sample of the table (``TABLESAMPLE SYSTEM`` reading about
-  ``SAMPLE_PAGES`` pages), scaled to the table's current size — no ``ANALYZE`` needed,
-  so it holds on a server whose autovacuum is off — and never below the ``exact_limit +
-  1`` rows known to exist. :attr:`Stats.estimated` and :attr:`QueueStats.estimated` name
-  the states whose figures are estimates.
+It must stay fast on a table of 10 million finished jobs, and during a backlog of
+millions of available ones: every state is counted by :mod:`sa_jobs.job_counts` — exactly
+up to ``exact_limit`` rows per state (default 100,000), through the partial index holding
+that state, and estimated from a page sample of the table past it.
+:attr:`Stats.estimated` and :attr:`QueueStats.estimated` name the states whose figures
+are estimates. The oldest available age is read by a skip scan of the fetch index, one
+descent per queue and priority.
 
 Everything is read in the caller's session; nothing is written.
 """
@@ -24,34 +17,20 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
-from sqlalchemy import (
-    Connection,
-    Integer,
-    Text,
-    func,
-    literal,
-    null,
-    select,
-    tablesample,
-    text,
-    union_all,
-)
-from sqlalchemy import cast as sql_cast
-from sqlalchemy.dialects.postgresql import INTERVAL, REAL
+from sqlalchemy import Connection, func, select
 from sqlalchemy.orm import Session
 
-from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.health import Health, HealthThresholds, read_health
+from sa_jobs.job_counts import EXACT_LIMIT, check_exact_limit, count_jobs, oldest_available
 from sa_jobs.models import JobQueue, Leader, WorkerProcess, job_table
 from sa_jobs.schema import Features
 from sa_jobs.sequence import halts_sequence
 from sa_jobs.sessions import either_session
-from sa_jobs.states import FINAL_STATES, JobState
+from sa_jobs.states import JobState
 
 __all__ = [
     "EXACT_LIMIT",
@@ -64,16 +43,8 @@ __all__ = [
     "stats",
 ]
 
-#: Finished jobs of one state counted exactly up to this many; estimated past it.
-EXACT_LIMIT = 100_000
-#: About how many of the table's pages the estimate reads (8 kB each: ~16 MB).
-SAMPLE_PAGES = 2_000
 #: How many halted sequences are listed (all are counted).
 HALTED_LISTED = 100
-
-#: The states counted exactly, each through its own partial index.
-ACTIVE_STATES = tuple(state for state in JobState if state not in FINAL_STATES)
-_FINISHED_STATES = tuple(state for state in JobState if state in FINAL_STATES)
 
 
 @attrs.frozen
@@ -83,8 +54,7 @@ class QueueStats:
     Attributes:
         name: The queue.
         counts: Jobs in each state (every state present, 0 where none).
-        estimated: The states whose count is an estimate (finished states past the
-            exact limit).
+        estimated: The states whose count is an estimate (past the exact limit).
         oldest_available_age: How long the longest-waiting ``available`` job has been
             due; None when none is available.
         paused: Whether the queue is paused (:func:`sa_jobs.pause_queue`); None without
@@ -155,7 +125,7 @@ class Stats:
         totals: Jobs in each state over all queues.
         estimated: The states whose figures are estimates (in ``totals`` and in each
             queue).
-        exact_limit: Finished jobs per state counted exactly up to this many.
+        exact_limit: Jobs per state counted exactly up to this many.
         workers: Registered worker processes and workers with running jobs, by id.
         leader: The worker running maintenance now; None when no lease is held.
         halted_sequences: None when the sequence branch is not installed.
@@ -178,101 +148,9 @@ class Stats:
 _jobs = job_table.c
 
 
-def _active_counts(connection: Connection, features: Features) -> list[Any]:
-    """(queue, state, count, oldest available age) of every active state, one index each.
-
-    One SELECT per state, so each can read its own partial index; one ``state IN``
-    over all of them matches none and would read the table.
-    """
-    selects = []
-    for state in ACTIVE_STATES:
-        where = [_jobs.state == state]
-        if state is JobState.PENDING:
-            if not features.sequence:
-                continue  # only sequences make pending jobs
-            where.append(_jobs.sequence_key.is_not(None))  # sa_job_sequence_pending_idx
-        oldest = (
-            func.greatest(func.now() - func.min(_jobs.scheduled_at), text("interval '0'"))
-            if state is JobState.AVAILABLE
-            else sql_cast(null(), INTERVAL)
-        )
-        selects.append(
-            select(
-                _jobs.queue,
-                literal(state.value, Text).label("state"),
-                func.count().label("n"),
-                oldest.label("oldest"),
-            )
-            .where(*where)
-            .group_by(_jobs.queue)
-        )
-    return list(connection.execute(union_all(*selects)))
-
-
-def _capped_counts(connection: Connection, state: JobState, limit: int) -> Counter[str] | None:
-    """Jobs of a finished state per queue; None when there are more than ``limit``.
-
-    First a count that stops one row past the limit (``sa_job_finalized_idx``, without an
-    order, so no plan sorts or visits more than ``limit + 1`` rows); only under the limit
-    are the rows grouped by queue.
-    """
-    finished = [_jobs.state == state, _jobs.finalized_at.is_not(None)]
-    capped = select(literal(1)).where(*finished).limit(limit + 1).subquery("capped")
-    if connection.execute(select(func.count()).select_from(capped)).scalar_one() > limit:
-        return None
-    rows = connection.execute(
-        select(_jobs.queue, func.count()).where(*finished).group_by(_jobs.queue)
-    )
-    return Counter({queue: n for queue, n in rows})
-
-
-def _sampled_counts(
-    connection: Connection, states: tuple[JobState, ...]
-) -> dict[JobState, dict[str, float]]:
-    """Estimated jobs per state and queue, from a sample of about SAMPLE_PAGES pages."""
-    pages = connection.scalar(
-        select(
-            func.pg_relation_size(func.to_regclass(job_table.name))
-            / sql_cast(func.current_setting("block_size"), Integer)
-        )
-    )
-    percent = min(100.0, 100.0 * SAMPLE_PAGES / max(int(pages or 0), 1))
-    sample = tablesample(job_table, func.system(sql_cast(percent, REAL)), name="sampled")
-    rows = connection.execute(
-        select(sample.c.queue, sample.c.state, func.count())
-        .where(sample.c.state.in_([state.value for state in states]))
-        .group_by(sample.c.queue, sample.c.state)
-    )
-    found: dict[JobState, dict[str, float]] = {state: {} for state in states}
-    for queue, state, n in rows:
-        found[JobState(state)][queue] = n * 100.0 / percent
-    return found
-
-
 def _paused_queues(connection: Connection) -> set[str]:
     """The queues paused now (the ``sa_jobs_queue`` branch's table)."""
     return set(connection.scalars(select(JobQueue.name).where(JobQueue.paused_at.is_not(None))))
-
-
-def _finished_counts(
-    connection: Connection, limit: int
-) -> tuple[dict[JobState, Counter[str]], frozenset[JobState]]:
-    counted = {state: _capped_counts(connection, state, limit) for state in _FINISHED_STATES}
-    exact = {state: found for state, found in counted.items() if found is not None}
-    over = tuple(state for state, found in counted.items() if found is None)
-    if not over:
-        return exact, frozenset()
-    sampled = _sampled_counts(connection, over)
-    for state in over:
-        # Never below the rows the capped count saw; split over queues as the sample is
-        # (a sample that met none of them: all in "?", which names no queue).
-        shares = sampled[state] or {"?": 1.0}
-        weight = sum(shares.values())
-        total = max(limit + 1, round(weight))
-        exact[state] = Counter(
-            {queue: max(1, round(total * share / weight)) for queue, share in shares.items()}
-        )
-    return exact, frozenset(over)
 
 
 # ---------------------------------------------------------------------- workers, sequences
@@ -383,8 +261,8 @@ def stats(
 
     Args:
         session: A ``Session`` or ``AsyncSession`` (then await the result).
-        exact_limit: Finished jobs of one state are counted exactly up to this many,
-            and estimated past it (see the module); at least 1.
+        exact_limit: The jobs of one state are counted exactly up to this many, and
+            estimated past it (see the module); at least 1.
         thresholds: What the health figures are judged by (default
             :class:`~sa_jobs.health.HealthThresholds`).
 
@@ -392,23 +270,18 @@ def stats(
         InvalidOptionsError: ``exact_limit`` is not a whole number of at least 1.
         SchemaMissingError: the database has no sa_job table.
     """
-    if isinstance(exact_limit, bool) or not isinstance(exact_limit, int) or exact_limit < 1:
-        raise InvalidOptionsError(
-            "exact_limit", f"must be a whole number of at least 1, got {exact_limit!r}"
-        )
+    check_exact_limit(exact_limit)
     connection = session.connection()
     features = Features.of(connection)
     taken_at: dt.datetime = connection.execute(select(func.now())).scalar_one()
-    counts: dict[str, dict[JobState, int]] = {}
-    oldest: dict[str, dt.timedelta] = {}
-    for row in _active_counts(connection, features):
-        counts.setdefault(row.queue, {})[JobState(row.state)] = row.n
-        if row.oldest is not None:
-            oldest[row.queue] = row.oldest
-    finished, estimated = _finished_counts(connection, exact_limit)
-    for state, per_queue in finished.items():
-        for queue, n in per_queue.items():
-            counts.setdefault(queue, {})[state] = n
+    oldest = oldest_available(connection)
+    found = count_jobs(
+        connection, JobState, exact_limit, features=features, available_queues=oldest
+    )
+    counts = {queue: dict(by_state) for queue, by_state in found.counts.items()}
+    for queue in oldest:
+        counts.setdefault(queue, {})
+    estimated = found.estimated
     paused = _paused_queues(connection) if features.queue else None
     for name in paused or ():
         counts.setdefault(name, {})  # a paused queue shows even with no jobs

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import re
 from typing import Any
 
 from sqlalchemy import Engine
@@ -34,24 +33,23 @@ __all__ = [
 #: The namespace attributes the filter options set.
 FILTER_OPTIONS = ("kind", "queue", "state", "ids", "created_before", "finalized_before")
 
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-_AGE = re.compile(r"^(\d+(?:\.\d+)?)([smhdw])$")
-
 
 def age(text: str) -> dt.datetime | dt.timedelta:
-    """``7d``, ``12h``, ``30m``, ``90s``, ``2w`` (that long ago), or an ISO 8601 instant
-    with its offset (``2026-01-31T00:00:00+00:00``)."""
-    match = _AGE.match(text.strip())
-    if match:
-        return dt.timedelta(**{_UNITS[match.group(2)]: float(match.group(1))})
+    """An age — that long ago, in the one duration syntax (``7d``, ``12h``, ``30m``,
+    ``90s``, ``2w``, ``90``: :func:`sa_jobs.cli.settings.duration`) — or an ISO 8601
+    instant with its offset (``2026-01-31T00:00:00+00:00``)."""
+    try:
+        return settings.duration(text)
+    except argparse.ArgumentTypeError:
+        pass
     try:
         instant = dt.datetime.fromisoformat(text)
     except ValueError:
         instant = None
     if instant is None or instant.tzinfo is None:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is neither an age (7d, 12h, 30m, 90s, 2w) nor an ISO 8601 time with "
-            "its offset (2026-01-31T00:00:00+00:00)"
+            f"{text!r} is neither an age (7d, 12h, 30m, 90s, 2w, or seconds) nor an ISO 8601 "
+            "time with its offset (2026-01-31T00:00:00+00:00)"
         )
     return instant
 

@@ -1,17 +1,20 @@
-"""What every ``sa-jobs`` command shares: the one-line errors, the engine on ``--url``, and
-the plain-text table."""
+"""What every ``sa-jobs`` command shares: the one-line errors, the engine (and a session)
+on ``--url``, and the plain-text table."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import NoReturn
 
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.exc import ArgumentError
+from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from sa_jobs.devdb import normalize_url
+from sa_jobs.schema import translate_missing_schema
 
 __all__ = [
     "CommandError",
@@ -20,6 +23,7 @@ __all__ = [
     "engine_from",
     "first_line",
     "format_table",
+    "session_from",
 ]
 
 
@@ -59,6 +63,18 @@ def engine_from(options: argparse.Namespace, *, pool_size: int | None = None) ->
     if pool_size is not None:
         return create_engine(url, pool_size=pool_size)
     return create_engine(url, poolclass=NullPool)
+
+
+@contextmanager
+def session_from(options: argparse.Namespace) -> Iterator[Session]:
+    """A session on the resolved ``--url`` for one command, its engine disposed after;
+    a missing schema is reported as the one-line error that says to migrate."""
+    engine = engine_from(options)
+    try:
+        with Session(engine) as session, translate_missing_schema():
+            yield session
+    finally:
+        engine.dispose()
 
 
 def first_line(exc: BaseException) -> str:

@@ -13,20 +13,17 @@ import argparse
 import datetime as dt
 import enum
 import json
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import inspect, select
 from sqlalchemy.dialects.postgresql import JSONB
-from sqlalchemy.orm import Session
 
 from sa_jobs.cli import bulk, settings
-from sa_jobs.cli.common import UsageError, engine_from, format_table
+from sa_jobs.cli.common import UsageError, engine_from, format_table, session_from
 from sa_jobs.control import cancel_job, retry_job
 from sa_jobs.errors import JobNotFoundError
 from sa_jobs.models import Job
-from sa_jobs.schema import translate_missing_schema
 from sa_jobs.states import FINAL_STATES, JobState
 
 __all__ = ["add_commands", "format_job"]
@@ -102,16 +99,6 @@ def _job_id(text: str) -> int:
     return value
 
 
-@contextmanager
-def _session(options: argparse.Namespace) -> Iterator[Session]:
-    engine = engine_from(options)
-    try:
-        with Session(engine) as session, translate_missing_schema():
-            yield session
-    finally:
-        engine.dispose()
-
-
 # ---------------------------------------------------------------------- list
 
 
@@ -133,7 +120,7 @@ def _list(options: argparse.Namespace) -> int:
         statement = statement.where(Job.queue.in_(options.queue))
     if options.kind:
         statement = statement.where(Job.kind.in_(options.kind))
-    with _session(options) as session:
+    with session_from(options) as session:
         rows = session.execute(statement.limit(options.limit + 1)).all()
     if not rows:
         print("no jobs")
@@ -166,7 +153,7 @@ def _shorten(text: str, width: int) -> str:
 
 
 def _show(options: argparse.Namespace) -> int:
-    with _session(options) as session:
+    with session_from(options) as session:
         job = session.get(Job, options.id)
         if job is None:
             raise JobNotFoundError(options.id)
@@ -261,7 +248,7 @@ def _retry(options: argparse.Namespace) -> int:
     filtered = _one_or_filtered(options, "retry")
     if filtered is not None:
         return filtered
-    with _session(options) as session, session.begin():
+    with session_from(options) as session, session.begin():
         job = retry_job(session, options.id)
         message = f"job {job.id}: {job.state.value} (attempt {job.attempt}/{job.max_attempts})"
     print(message)
@@ -272,7 +259,7 @@ def _cancel(options: argparse.Namespace) -> int:
     filtered = _one_or_filtered(options, "cancel")
     if filtered is not None:
         return filtered
-    with _session(options) as session, session.begin():
+    with session_from(options) as session, session.begin():
         job = cancel_job(session, options.id)
         state = job.state
         message = f"job {job.id}: {state.value}"

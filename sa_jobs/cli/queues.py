@@ -1,21 +1,21 @@
 """``sa-jobs queue pause|resume|list``: queue controls from the command line.
 
 ``pause`` and ``resume`` run :func:`sa_jobs.pause_queue` / :func:`sa_jobs.resume_queue`
-in a transaction of their own; ``list`` prints :func:`sa_jobs.queue_states`.
+in a transaction of their own; ``list`` prints :func:`sa_jobs.queue_states` (``--json``
+as JSON, like ``sa-jobs stats`` and ``health``).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 from typing import Any
 
-from sqlalchemy.orm import Session
-
 from sa_jobs.cli import settings
-from sa_jobs.cli.common import engine_from, format_table
+from sa_jobs.cli.common import format_table, session_from
+from sa_jobs.queue_stats import as_dict
 from sa_jobs.queues import QueueState, pause_queue, queue_states, resume_queue
-from sa_jobs.schema import translate_missing_schema
 
 __all__ = ["add_command"]
 
@@ -44,19 +44,16 @@ def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
     listing = actions.add_parser(
         "list", parents=[common], help="queues with controls: paused or not, since when"
     )
+    listing.add_argument("--json", action="store_true", help="print the queues as JSON")
     listing.set_defaults(run=_list, settings=SETTINGS)
 
 
 def _change(options: argparse.Namespace, paused: bool) -> int:
-    engine = engine_from(options)
-    try:
-        with Session(engine) as session, session.begin(), translate_missing_schema():
-            if paused:
-                state = pause_queue(session, options.name, allow_unknown=options.allow_unknown)
-            else:
-                state = resume_queue(session, options.name)
-    finally:
-        engine.dispose()
+    with session_from(options) as session, session.begin():
+        if paused:
+            state = pause_queue(session, options.name, allow_unknown=options.allow_unknown)
+        else:
+            state = resume_queue(session, options.name)
     print(_describe(state))
     return 0
 
@@ -76,12 +73,20 @@ def _describe(state: QueueState) -> str:
 
 
 def _list(options: argparse.Namespace) -> int:
-    engine = engine_from(options)
-    try:
-        with Session(engine) as session, translate_missing_schema():
-            states = queue_states(session)
-    finally:
-        engine.dispose()
+    with session_from(options) as session:
+        states = queue_states(session)
+    if options.json:
+        shown = [
+            {
+                "name": state.name,
+                "paused": state.paused,
+                "paused_at": state.paused_at,
+                "updated_at": state.updated_at,
+            }
+            for state in states
+        ]
+        print(json.dumps(as_dict(shown), indent=2))
+        return 0
     if not states:
         print("no queue has been paused (every queue is active)")
         return 0

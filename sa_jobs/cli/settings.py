@@ -13,7 +13,9 @@ names the variable — the same check the option's own value gets.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -36,6 +38,7 @@ __all__ = [
     "WORKER",
     "QueueSpec",
     "Setting",
+    "duration",
     "flag",
     "global_options",
     "log_level",
@@ -88,6 +91,23 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw]?)$")
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
+
+
+def duration(text: str) -> dt.timedelta:
+    """A positive duration: a bare number of seconds, or a number with ``s``, ``m``,
+    ``h``, ``d`` or ``w`` (``90``, ``90s``, ``5m``, ``1.5h``, ``7d``, ``2w``). The one
+    duration syntax of every command."""
+    found = _DURATION.match(text.strip().lower())
+    if not found or float(found.group(1)) <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a duration; use a number of seconds, or a number with s, m, "
+            "h, d or w (e.g. 90, 5m, 7d)"
+        )
+    return dt.timedelta(seconds=float(found.group(1)) * _SECONDS[found.group(2)])
 
 
 def log_level(text: str) -> str:

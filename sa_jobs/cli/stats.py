@@ -11,40 +11,21 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy.orm import Session
-
 from sa_jobs.cli import settings
-from sa_jobs.cli.common import UsageError, engine_from, format_table
+from sa_jobs.cli.common import UsageError, format_table, session_from
 from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.health import Health, HealthLevel, HealthThresholds, check_health
 from sa_jobs.queue_stats import EXACT_LIMIT, Stats, as_dict, stats
-from sa_jobs.schema import translate_missing_schema
 from sa_jobs.states import JobState
 
-__all__ = ["EXIT_CODES", "add_commands", "parse_duration"]
+__all__ = ["EXIT_CODES", "add_commands", "format_health", "format_stats"]
 
 #: ``sa-jobs health``'s exit code for each level.
 EXIT_CODES = {HealthLevel.OK: 0, HealthLevel.WARNING: 3, HealthLevel.CRITICAL: 4}
 
 SETTINGS = (settings.URL, settings.LOG_LEVEL)
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|)\s*$")
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
-
-
-def parse_duration(text: str) -> dt.timedelta:
-    """``90``, ``90s``, ``5m``, ``1.5h``: a positive duration."""
-    found = _DURATION.match(text.lower())
-    if not found or float(found.group(1)) <= 0:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a duration; use seconds or a number with s, m or h (e.g. 5m)"
-        )
-    return dt.timedelta(seconds=float(found.group(1)) * _UNITS[found.group(2)])
 
 
 def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -53,7 +34,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     limits = argparse.ArgumentParser(add_help=False)
     group = limits.add_argument_group("health thresholds")
     for name, read, what in (
-        ("xmin_age", parse_duration, "a transaction has held the xmin horizon this long"),
+        ("xmin_age", settings.duration, "a transaction has held the xmin horizon this long"),
         ("xmin_xids", settings.positive_int, "the horizon is this many transaction ids old"),
         ("dead_tuples", settings.positive_int, "sa_job has this many dead row versions"),
     ):
@@ -119,22 +100,12 @@ def _thresholds(options: argparse.Namespace) -> HealthThresholds:
         raise UsageError(f"--{option.replace('_', '-')}: {message}") from None
 
 
-@contextmanager
-def _session(options: argparse.Namespace) -> Iterator[Session]:
-    engine = engine_from(options)
-    try:
-        with Session(engine) as session, translate_missing_schema():
-            yield session
-    finally:
-        engine.dispose()
-
-
 # ---------------------------------------------------------------------- stats
 
 
 def _stats(options: argparse.Namespace) -> int:
     thresholds = _thresholds(options)
-    with _session(options) as session:
+    with session_from(options) as session:
         found = stats(session, exact_limit=options.exact_limit, thresholds=thresholds)
     if options.json:
         print(json.dumps(as_dict(found), indent=2))
@@ -217,7 +188,7 @@ def _age(value: dt.timedelta | None) -> str:
 
 def _health(options: argparse.Namespace) -> int:
     thresholds = _thresholds(options)
-    with _session(options) as session:
+    with session_from(options) as session:
         found = check_health(session, thresholds)
     if options.json:
         print(json.dumps(as_dict(found), indent=2))

@@ -17,7 +17,6 @@ from sqlalchemy.orm import Session
 import sa_jobs
 from sa_jobs import BulkResult, Job, JobState
 from sa_jobs.errors import (
-    InvalidJobArgsError,
     InvalidOptionsError,
     UnknownKindError,
     UnknownQueueError,
@@ -233,7 +232,7 @@ def test_retry_jobs_resumes_a_halted_sequence_in_id_order(engine: Engine) -> Non
         ({"state": "finished"}, InvalidOptionsError, "not a job state"),
         ({"kind": "bulk_tsak"}, UnknownKindError, "no job has it"),
         ({"queue": "mial"}, UnknownQueueError, "'mial'"),
-        ({"kind": int}, InvalidJobArgsError, "not a job args class"),
+        ({"kind": int}, InvalidOptionsError, "not a job args class"),
         ({"ids": [0]}, InvalidOptionsError, "not a job id"),
         ({"created_before": dt.datetime(2026, 1, 1)}, InvalidOptionsError, "naive"),
         ({"queue": "default", "batch_size": 0}, InvalidOptionsError, "batch_size"),

@@ -4,16 +4,18 @@ in-process against the test database."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import re
 from collections.abc import Callable
 
 import pytest
 from sqlalchemy import URL, Engine, select
+from sqlalchemy.orm import Session
 
 from sa_jobs import Job, JobState
 from sa_jobs.cli import main
 from sa_jobs.cli.bulk import age
-from sa_jobs.models import JobQueue
+from sa_jobs.models import JobQueue, PeriodicState
 from tests.factories import make_job
 from tests.helpers import url_text
 
@@ -65,6 +67,29 @@ def test_queue_pause_list_resume(cli: Run, engine: Engine) -> None:
 
     assert cli("queue", "resume", "mail")[1] == "queue 'mail': active\n"
     assert paused(engine) == {"mail": False}
+
+
+def test_queue_list_and_periodic_list_print_json(cli: Run, engine: Engine) -> None:
+    # Like sa-jobs stats and health: --json for scripts.
+    make_job(engine, queue="mail")
+    assert json.loads(cli("queue", "list", "--json")[1]) == []
+    cli("queue", "pause", "mail")
+    code, out, _ = cli("queue", "list", "--json")
+    assert code == 0
+    [mail] = json.loads(out)
+    assert mail["name"] == "mail" and mail["paused"] is True
+    assert dt.datetime.fromisoformat(mail["paused_at"]).tzinfo is not None
+
+    assert json.loads(cli("periodic", "list", "--json")[1]) == []
+    due = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+    with Session(engine) as session, session.begin():
+        session.add(PeriodicState(name="nightly", schedule="0 3 * * *", next_run_at=due))
+    code, out, _ = cli("periodic", "list", "--json")
+    assert code == 0
+    [nightly] = json.loads(out)
+    assert nightly["name"] == "nightly" and nightly["schedule"] == "0 3 * * *"
+    assert dt.datetime.fromisoformat(nightly["next_run_at"]) == due
+    assert nightly["last_run_at"] is None and nightly["last_job_id"] is None
 
 
 def test_queue_pause_of_an_unknown_queue_fails_with_one_line_unless_allowed(
@@ -125,6 +150,8 @@ def test_jobs_delete_without_a_filter_or_with_id_and_filter_is_a_usage_error(
 def test_ages_on_the_command_line() -> None:
     assert age("7d") == dt.timedelta(days=7)
     assert age("90s") == dt.timedelta(seconds=90)
+    assert age("90") == dt.timedelta(seconds=90)  # the same syntax as sa-jobs stats' durations
+    assert age("1.5h") == dt.timedelta(minutes=90)
     assert age("2026-01-31T00:00:00+00:00") == dt.datetime(2026, 1, 31, tzinfo=dt.UTC)
     for bad in ("7 days", "2026-01-31T00:00:00", "-3d"):
         with pytest.raises(Exception, match="neither an age"):

@@ -65,6 +65,17 @@ def test_a_quiet_database_is_healthy(engine: Engine) -> None:
     assert found.findings == ()
     assert found.sees_all_sessions  # the tests connect as a superuser
     assert found.dead_tuples is not None
+    # Autovacuum's trigger for sa_job: the schema's scale factor (0.01) over the
+    # server's threshold — or none on a server with autovacuum off.
+    with engine.connect() as connection:
+        server = connection.execute(
+            text(
+                "SELECT current_setting('autovacuum'), "
+                "current_setting('autovacuum_vacuum_threshold')"
+            )
+        ).one()
+    expected = None if server[0] != "on" else int(server[1]) + round(0.01 * found.dead_tuples.live)
+    assert found.dead_tuples.vacuum_trigger == expected
 
 
 def test_a_long_transaction_holds_the_horizon_and_its_age_grows(engine: Engine) -> None:

@@ -107,13 +107,13 @@ def test_attempt_spans_link_to_the_insert_span_through_the_jobs_metadata(
 
     spans = exporter.get_finished_spans()
     [request] = _named(spans, "request")
-    [insert] = _named(spans, "insert otel_task")
+    [insert] = _named(spans, "send otel")
     assert insert.kind is SpanKind.PRODUCER
     assert insert.parent is not None and insert.parent.span_id == request.context.span_id
     assert dict(insert.attributes or {}) == {
         "messaging.system": "sa_jobs",
         "messaging.operation.type": "send",
-        "messaging.operation.name": "insert",
+        "messaging.operation.name": "send",
         "messaging.destination.name": "otel",
         "sa_jobs.job.kind": "otel_task",
         "messaging.message.id": str(job_id),
@@ -125,7 +125,7 @@ def test_attempt_spans_link_to_the_insert_span_through_the_jobs_metadata(
     ]
 
     failed, completed = sorted(
-        _named(spans, "work otel_task"), key=lambda span: span.attributes["sa_jobs.job.attempt"]
+        _named(spans, "process otel"), key=lambda span: span.attributes["sa_jobs.job.attempt"]
     )
     for attempt in (failed, completed):
         assert attempt.kind is SpanKind.CONSUMER
@@ -135,6 +135,8 @@ def test_attempt_spans_link_to_the_insert_span_through_the_jobs_metadata(
         assert attempt.attributes["messaging.message.id"] == str(job_id)
         assert attempt.attributes["messaging.destination.name"] == "otel"
         assert attempt.attributes["messaging.operation.type"] == "process"
+        assert attempt.attributes["messaging.operation.name"] == "process"
+        assert attempt.attributes["sa_jobs.job.kind"] == "otel_task"
     assert failed.attributes is not None and completed.attributes is not None
     assert failed.attributes["sa_jobs.attempt.outcome"] == "failed"
     assert failed.status.status_code is StatusCode.ERROR
@@ -160,8 +162,8 @@ def test_attempt_parent_child_puts_the_attempt_in_the_requests_trace(
     _work(engine, otel, provider, "sync")
 
     spans = exporter.get_finished_spans()
-    [insert] = _named(spans, "insert otel_task")
-    [attempt] = _named(spans, "work otel_task")
+    [insert] = _named(spans, "send otel")
+    [attempt] = _named(spans, "process otel")
     assert attempt.parent is not None and attempt.parent.span_id == insert.context.span_id
     assert attempt.context.trace_id == insert.context.trace_id
     assert attempt.links == ()
@@ -191,10 +193,22 @@ def test_a_job_without_trace_context_gets_an_unlinked_span(
 
     _work(engine, otel, provider, "sync")
 
-    [attempt] = _named(exporter.get_finished_spans(), "work otel_task")
+    [attempt] = _named(exporter.get_finished_spans(), "process otel")
     assert attempt.links == () and attempt.parent is None
 
 
 def test_attempt_parent_must_be_link_or_child() -> None:
     with pytest.raises(InvalidOptionsError, match="attempt_parent"):
         OpenTelemetryHooks(attempt_parent="sibling")  # type: ignore[arg-type]
+
+
+def test_span_names_are_operation_and_queue(
+    engine: Engine, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    # The messaging conventions' "{operation} {destination}"; a batch over two queues
+    # has no one destination.
+    add_insert_hook(OpenTelemetryHooks(tracer_provider=provider))
+    with Session(engine) as session, session.begin():
+        sa_jobs.insert(session, Task(), queue="mail")
+        session.add_all([sa_jobs.enqueue(Task(), queue="a"), sa_jobs.enqueue(Task(), queue="b")])
+    assert sorted(span.name for span in exporter.get_finished_spans()) == ["send", "send mail"]

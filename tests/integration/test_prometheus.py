@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import Job
-from sa_jobs.errors import JobSnooze
+from sa_jobs.errors import InvalidOptionsError, JobSnooze
 from sa_jobs.hooks import INSERT_HOOKS, add_insert_hook
 from sa_jobs.prometheus import PrometheusMetrics, QueueCollector
 from tests.helpers import NO_DELAY, make_worker
@@ -112,3 +112,45 @@ def test_registering_the_collector_runs_no_query() -> None:
 
     registry.register(Counting(create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")))
     assert Counting.calls == 0
+
+
+def test_the_queue_gauges_estimate_a_backlog_past_the_exact_limit(engine: Engine) -> None:
+    # The same capped count as sa_jobs.stats(): a backlog is not counted row by row at
+    # every scrape, and the gauges say which states are estimates.
+    registry = CollectorRegistry()
+    PrometheusMetrics(registry, engine=engine, exact_limit=5)
+    with Session(engine) as session, session.begin():
+        sa_jobs.insert_many(session, [Task() for _ in range(12)], queue="backlog")
+        sa_jobs.insert_many(session, [Task() for _ in range(3)], queue="small")
+
+    def value(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert value("sa_jobs_queue_jobs_estimated", state="available") == 1
+    assert value("sa_jobs_queue_jobs_estimated", state="running") == 0
+    backlog = value("sa_jobs_queue_jobs", queue="backlog", state="available")
+    small = value("sa_jobs_queue_jobs", queue="small", state="available")
+    assert backlog is not None and small is not None
+    assert backlog + small >= 6  # never below what the capped count saw
+    assert value("sa_jobs_queue_oldest_available_seconds", queue="backlog") is not None
+    assert value("sa_jobs_queue_oldest_available_seconds", queue="small") is not None
+
+
+def test_the_paused_gauge_names_paused_queues(engine: Engine) -> None:
+    registry = CollectorRegistry()
+    PrometheusMetrics(registry, engine=engine)
+    with Session(engine) as session, session.begin():
+        sa_jobs.insert(session, Task(), queue="held")
+        sa_jobs.insert(session, Task(), queue="resumed")
+        sa_jobs.pause_queue(session, "held")
+        sa_jobs.pause_queue(session, "resumed")
+        sa_jobs.resume_queue(session, "resumed")
+
+    assert registry.get_sample_value("sa_jobs_queue_paused", {"queue": "held"}) == 1
+    assert registry.get_sample_value("sa_jobs_queue_paused", {"queue": "resumed"}) == 0
+    assert registry.get_sample_value("sa_jobs_queue_paused", {"queue": "prom"}) is None
+
+
+def test_a_bad_exact_limit_is_refused_when_built(engine: Engine) -> None:
+    with pytest.raises(InvalidOptionsError, match="exact_limit"):
+        PrometheusMetrics(CollectorRegistry(), engine=engine, exact_limit=0)

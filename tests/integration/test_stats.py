@@ -14,8 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import sa_jobs
-from sa_jobs import Job, JobState, SequenceOpts
-from sa_jobs import queue_stats as queue_stats_module
+from sa_jobs import Job, JobState, SequenceOpts, job_counts
 from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.queue_stats import Stats
 from tests.factories import make_job, make_worker_row
@@ -119,7 +118,7 @@ def test_finished_states_past_the_exact_limit_are_estimated_and_flagged(
         make_job(engine, queue="a", state=JobState.DISCARDED)
     with engine.connect() as connection:
         pages = connection.execute(text("SELECT pg_relation_size('sa_job') / 8192")).scalar()
-    monkeypatch.setattr(queue_stats_module, "SAMPLE_PAGES", max(1, int(pages or 0) // 2))
+    monkeypatch.setattr(job_counts, "SAMPLE_PAGES", max(1, int(pages or 0) // 2))
 
     found = read_stats(engine, exact_limit=500)
 
@@ -134,6 +133,27 @@ def test_finished_states_past_the_exact_limit_are_estimated_and_flagged(
         found.queues["b"].counts[JobState.COMPLETED],
     )
     assert 0.5 <= a / (a + b) <= 0.9, (a, b)  # 3 in 4 are in "a"
+
+
+def test_an_available_backlog_past_the_limit_is_estimated_and_flagged(engine: Engine) -> None:
+    # The active states are capped like the finished ones: a backlog of millions is
+    # not counted row by row when someone runs stats.
+    for _ in range(12):
+        make_job(engine, queue="busy", scheduled_at=-dt.timedelta(minutes=3))
+    make_job(engine, queue="quiet")
+    for _ in range(2):
+        make_job(engine, queue="busy", state=JobState.RUNNING)
+
+    found = read_stats(engine, exact_limit=5)
+
+    assert found.estimated == {JobState.AVAILABLE}
+    assert found.queues["busy"].estimated == {JobState.AVAILABLE}
+    assert found.totals[JobState.AVAILABLE] >= 6  # never below what the capped count saw
+    assert found.queues["busy"].counts[JobState.AVAILABLE] >= 1
+    assert found.queues["quiet"].counts[JobState.AVAILABLE] >= 1  # known from the index
+    assert found.queues["busy"].counts[JobState.RUNNING] == 2  # under the limit: exact
+    age = found.queues["busy"].oldest_available_age
+    assert age is not None and dt.timedelta(minutes=3) <= age < dt.timedelta(minutes=4)
 
 
 def test_at_the_limit_counts_stay_exact(engine: Engine) -> None:

@@ -9,10 +9,10 @@ import datetime as dt
 
 import pytest
 
-from sa_jobs.cli.stats import parse_duration
+from sa_jobs.cli.settings import duration
 from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.health import HealthLevel, HealthThresholds, evaluate
-from sa_jobs.horizon import DeadTuples, HolderKind, HorizonHolder
+from sa_jobs.horizon import DeadTuples, HolderKind, HorizonHolder, vacuum_trigger
 
 MINUTE = dt.timedelta(minutes=1)
 DEFAULTS = HealthThresholds()
@@ -24,14 +24,17 @@ def holder(
     return HorizonHolder(kind, name, xids, age, "")
 
 
-def dead(n: int) -> DeadTuples:
+def dead(n: int, *, live: int = 1000, scale_factor: float | None = 0.01) -> DeadTuples:
+    """``sa_job`` with ``n`` dead rows; autovacuum as the schema sets it (1 %, the
+    server's threshold of 50), or off with ``scale_factor=None``."""
     return DeadTuples(
-        live=1000,
+        live=live,
         dead=n,
         last_vacuum=None,
         last_autovacuum=None,
         vacuum_count=0,
         autovacuum_count=0,
+        vacuum_trigger=None if scale_factor is None else 50 + round(scale_factor * live),
     )
 
 
@@ -80,6 +83,27 @@ def test_a_slots_catalog_xmin_keeps_no_job_rows_and_never_raises_the_level() -> 
 def test_dead_rows_past_the_thresholds() -> None:
     assert evaluate([], dead(200_000), DEFAULTS)[0] is HealthLevel.WARNING
     assert evaluate([], dead(1_000_000), DEFAULTS)[0] is HealthLevel.CRITICAL
+    assert evaluate([], dead(200_000, scale_factor=None), DEFAULTS)[0] is HealthLevel.WARNING
+
+
+def test_dead_rows_are_judged_against_autovacuums_trigger_on_a_big_table() -> None:
+    # 50M live rows at scale factor 0.01: autovacuum starts at 500,050 dead, so 400,000
+    # is a vacuum not yet due, not a warning (a probe would flap on every busy table).
+    assert evaluate([], dead(400_000, live=50_000_000), DEFAULTS) == (HealthLevel.OK, ())
+    level, (finding,) = evaluate([], dead(1_100_000, live=50_000_000), DEFAULTS)
+    assert level is HealthLevel.WARNING  # past twice the trigger
+    assert "autovacuum starts at 500,050" in finding.message
+    assert evaluate([], dead(2_600_000, live=50_000_000), DEFAULTS)[0] is HealthLevel.CRITICAL
+
+
+def test_the_autovacuum_trigger_comes_from_the_tables_options_then_the_server() -> None:
+    server = {"autovacuum": "on", "threshold": "50", "scale_factor": "0.2"}
+    assert vacuum_trigger(1_000_000, None, server) == 200_050
+    assert vacuum_trigger(1_000_000, ["autovacuum_vacuum_scale_factor=0.01"], server) == 10_050
+    table = ["autovacuum_vacuum_threshold=1000", "autovacuum_vacuum_scale_factor=0"]
+    assert vacuum_trigger(1_000_000, table, server) == 1000
+    assert vacuum_trigger(1_000_000, ["autovacuum_enabled=false"], server) is None
+    assert vacuum_trigger(1_000_000, None, server | {"autovacuum": "off"}) is None
 
 
 def test_the_worst_finding_comes_first() -> None:
@@ -111,13 +135,24 @@ def test_bad_thresholds_are_refused_when_built(options: dict[str, object], fragm
 
 
 @pytest.mark.parametrize(
-    ("text", "seconds"), [("90", 90), ("90s", 90), ("5m", 300), ("1.5h", 5400), ("0.5s", 0.5)]
+    ("text", "seconds"),
+    [
+        ("90", 90),
+        ("90s", 90),
+        ("5m", 300),
+        ("1.5h", 5400),
+        ("0.5s", 0.5),
+        ("1d", 86_400),
+        ("2w", 1_209_600),
+        (" 7D ", 604_800),
+    ],
 )
 def test_durations(text: str, seconds: float) -> None:
-    assert parse_duration(text) == dt.timedelta(seconds=seconds)
+    # The one duration syntax of every command (stats' thresholds, the bulk filters' ages).
+    assert duration(text) == dt.timedelta(seconds=seconds)
 
 
-@pytest.mark.parametrize("text", ["", "0", "5 minutes", "-1s", "1d"])
+@pytest.mark.parametrize("text", ["", "0", "5 minutes", "-1s", "1y", "s"])
 def test_bad_durations(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="not a duration"):
-        parse_duration(text)
+        duration(text)

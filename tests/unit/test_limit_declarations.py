@@ -11,6 +11,7 @@ from sqlalchemy import create_engine
 
 import sa_jobs
 from sa_jobs import ConcurrencyLimit, RateLimit, Worker
+from sa_jobs.bulk import JobFilter
 from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.limits import LimitScope
 from sa_jobs.worker.limited_fetch import WINDOWS_PER_PERIOD, _window_of, plan_limits
@@ -141,3 +142,14 @@ def test_the_docs_recipe_declares_three_limits() -> None:
         "RateLimit",
     ]
     assert recipe.worker.limits[1].kind == "newsletter.send_email"
+
+
+@pytest.mark.parametrize("kind", [NotArgs, NotArgs(), "", "   ", "k" * 200, "nul\x00"])
+def test_a_bad_kind_gets_the_same_error_from_a_limit_and_a_bulk_filter(kind: object) -> None:
+    # One resolver (sa_jobs.args.check_kind) for every option that names a kind.
+    with pytest.raises(InvalidOptionsError) as from_limit:
+        ConcurrencyLimit(kind=kind, max_running=1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidOptionsError) as from_filter:
+        JobFilter.build("delete", kind=kind)  # type: ignore[arg-type]
+    assert str(from_limit.value) == str(from_filter.value)
+    assert str(from_limit.value).startswith("kind: ")
