@@ -20,8 +20,9 @@ jobs that made them known may be the ones deleted).
 (``batch_size=``), from a cursor (``id > last id``) on the primary key; each batch is
 then changed by one statement that checks the filter again on the row's latest version
 (a job a worker started meanwhile is not deleted). So no statement runs long, holds a
-large result, or locks more than a batch of rows at once; rows are locked in id order,
-so two bulk actions cannot deadlock on each other. The locks of every batch are held
+large result, or locks more than a batch of rows at once; each statement locks its rows
+in id order first (:func:`~sa_jobs.control.locked_in_id_order`), so two bulk actions
+cannot deadlock on each other. The locks of every batch are held
 until the caller's transaction ends, though: on a large table, pass ``limit=`` and commit
 between calls, continuing from the result's ``last_id`` (``after_id=``), which is what
 ``sa-jobs jobs delete|retry|cancel`` do — a transaction per batch.
@@ -40,7 +41,7 @@ from sqlalchemy.sql.expression import ColumnElement
 
 from sa_jobs import sequence
 from sa_jobs.args import check_kind, default_registry
-from sa_jobs.control import cancel_ids, retry_ids
+from sa_jobs.control import cancel_ids, locked_in_id_order, retry_ids
 from sa_jobs.errors import InvalidOptionsError, UnknownKindError
 from sa_jobs.models import Job
 from sa_jobs.option_checks import check_queue
@@ -317,9 +318,10 @@ def _delete_batch(session: Session, ids: list[int], where: list[ColumnElement[bo
         # Sequence locks before row locks, as every path that changes sequenced jobs.
         sequence.lock_sequences_of_jobs(connection, ids)
     returned = (Job.id, Job.sequence_key, Job.sequence_slot) if sequenced else (Job.id,)
+    locked = locked_in_id_order(ids, Job.state != JobState.RUNNING, *where)
     statement = (
         delete(Job)
-        .where(Job.id.in_(ids), Job.state != JobState.RUNNING, *where)
+        .where(Job.id == locked.c.id)
         .returning(*returned)
         .execution_options(synchronize_session="fetch")
     )

@@ -16,7 +16,7 @@ from sqlalchemy import Text, bindparam, case, func, literal, null, select, updat
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
-from sqlalchemy.sql.expression import ColumnElement
+from sqlalchemy.sql.expression import CTE, ColumnElement
 
 from sa_jobs import sequence
 from sa_jobs.errors import JobNotFoundError, JobStateError, UniqueConflictError
@@ -25,12 +25,33 @@ from sa_jobs.schema import CONTROL_CHANNEL, Features
 from sa_jobs.sessions import either_session
 from sa_jobs.states import CANCEL_ATTEMPTED_KEY, FINAL_STATES, JobState
 
-__all__ = ["cancel_ids", "cancel_job", "retry_ids", "retry_job", "retry_one"]
+__all__ = ["cancel_ids", "cancel_job", "locked_in_id_order", "retry_ids", "retry_job", "retry_one"]
 
 _FINAL = [state.value for state in FINAL_STATES]
 #: retry_job does not touch these: running needs a cancel first; available is retried
 #: already.
 _LEFT_ALONE = [JobState.RUNNING.value, JobState.AVAILABLE.value]
+
+
+def locked_in_id_order(job_ids: Sequence[int], *where: ColumnElement[bool]) -> CTE:
+    """The ids of these jobs that match ``where``, locked ``FOR UPDATE`` in id order: a
+    CTE for a statement that changes several jobs to join (``Job.id == cte.c.id``).
+
+    Locking in one order is what keeps two such statements from deadlocking when their
+    batches overlap. ``UPDATE``/``DELETE … WHERE id IN (…)`` alone locks rows in whatever
+    order its plan visits them — a bitmap scan goes in physical order, which differs
+    with each statement's snapshot once rows have been updated — and two bulk actions
+    racing a worker did deadlock that way. A row locked by someone else is waited for,
+    then ``where`` is checked again on its latest version (a job a worker started
+    meanwhile no longer matches ``state != running``).
+    """
+    return (
+        select(Job.id)
+        .where(Job.id.in_(job_ids), *where)
+        .order_by(Job.id)
+        .with_for_update()
+        .cte("locked_in_id_order")
+    )
 
 
 @either_session
@@ -75,9 +96,10 @@ def cancel_ids(
     }
     if features.job_key:
         values["job_key"] = case((running, Job.job_key), else_=null())
+    locked = locked_in_id_order(job_ids, Job.state.not_in(_FINAL), *where)
     statement = (
         update(Job)
-        .where(Job.id.in_(job_ids), Job.state.not_in(_FINAL), *where)
+        .where(Job.id == locked.c.id)
         .values(values)
         .returning(Job.id, Job.state)
         .execution_options(synchronize_session="fetch")
@@ -193,9 +215,10 @@ def retry_ids(
         one_by_one = sorted(sequenced)
     retried: list[int] = []
     if plain:
+        locked = locked_in_id_order(plain, Job.state.not_in(_LEFT_ALONE), *where)
         statement = (
             update(Job)
-            .where(Job.id.in_(plain), Job.state.not_in(_LEFT_ALONE), *where)
+            .where(Job.id == locked.c.id)
             .values(_retry_values())
             .returning(Job.id)
             .execution_options(synchronize_session="fetch")

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Literal
 
 import attrs
 
-from sa_jobs.args import check_kind
+from sa_jobs.args import check_kind, default_registry
 from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.option_checks import check_positive_count, check_queue
 
@@ -36,6 +36,7 @@ __all__ = [
     "LimitScope",
     "RateLimit",
     "check_worker_limits",
+    "unhandled_kind_limits",
 ]
 
 #: The largest ``max_running`` / ``max_starts`` (they are bound as PostgreSQL integers).
@@ -204,3 +205,28 @@ def check_worker_limits(limits: Iterable[object], queues: Mapping[str, int]) -> 
         seen.add((type(limit), scope))
         checked.append(limit)
     return tuple(checked)
+
+
+def unhandled_kind_limits(limits: Iterable[Limit], handled: Collection[str]) -> list[str]:
+    """A warning for each kind limit on a kind none of ``handled`` (the kinds the worker
+    has handlers for) is: most likely a typo, and a limit that silently does nothing.
+
+    Not refused at construction: handlers are usually registered after the worker is
+    built, so the worker checks when it starts (see ``docs/queues.md``, "Limits").
+    """
+    warnings = []
+    for limit in limits:
+        scope = limit.scope
+        if scope.by != "kind" or scope.name in handled:
+            continue
+        if scope.name in default_registry:
+            why = "a job args class declares it, but this worker has no handler for it"
+        else:
+            why = "no job args class declares it either (a typo?)"
+        kinds = ", ".join(sorted(handled)) or "none"
+        warnings.append(
+            f"{type(limit).__name__} names kind {scope.name!r}, which no handler of this "
+            f"worker runs ({why}; its handlers' kinds: {kinds}): the limit holds no job "
+            "this worker works. Fix the kind, register its handler, or drop the limit"
+        )
+    return warnings

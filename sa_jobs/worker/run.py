@@ -22,7 +22,7 @@ from sqlalchemy import Engine
 from sa_jobs.complete import Outcome
 from sa_jobs.errors import SchemaMissingError
 from sa_jobs.hooks import WorkHook, WorkHooks
-from sa_jobs.limits import Limit
+from sa_jobs.limits import Limit, unhandled_kind_limits
 from sa_jobs.models import Job
 from sa_jobs.periodic.definition import PeriodicJob
 from sa_jobs.schema import LIMITS_BRANCH, PERIODIC_BRANCH, Features
@@ -160,6 +160,8 @@ class WorkerRun:
         limited = plan_limits(worker.limits, worker.queues)
         if limited and not features.limits:
             raise SchemaMissingError(LIMITS_BRANCH, "the worker declares limits")
+        for warning in unhandled_kind_limits(worker.limits, [h.kind.name for h in handlers]):
+            log.warning("%s", warning)
         self.pool = HandlerThreads("sa_jobs-job", worker.stuck_thread_limit, self._release_slot)
         writer = OutcomeWriter(
             self.engine,

@@ -5,6 +5,7 @@ what a queue without limits still sends. (Several worker processes:
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -249,6 +250,41 @@ def test_a_worker_works_a_limited_queue_to_the_end(engine: Engine) -> None:
     with running(worker):
         wait_until(lambda: len(seen) == 20, timeout=10)
     assert sorted(seen) == list(range(20))
+
+
+@sa_jobs.job_args(kind="test_limits_declared_elsewhere")
+class DeclaredElsewhere:
+    n: int = 0
+
+
+def test_a_kind_limit_no_handler_runs_is_warned_about_at_start(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    worker = make_worker(
+        engine,
+        queues={"default": 2},
+        limits=[
+            ConcurrencyLimit(kind=Work, max_running=2),  # handled: no warning
+            ConcurrencyLimit(kind="test_limits_wrok", max_running=2),  # a typo
+            RateLimit(kind=DeclaredElsewhere, max_starts=5, per=60),  # no handler here
+        ],
+    )
+    # Registered after construction, as usual: the check waits for start.
+    worker.handler(Work)(lambda job: None)
+    caplog.set_level(logging.WARNING, logger="sa_jobs.worker")
+
+    with running(worker):
+        pass
+
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    about_limits = [w for w in warnings if "no handler of this worker runs" in w]
+    assert len(about_limits) == 2, warnings
+    typo, elsewhere = sorted(about_limits)
+    assert "ConcurrencyLimit names kind 'test_limits_wrok'" in typo
+    assert "no job args class declares it either (a typo?)" in typo
+    assert "handlers' kinds: test_limits_work" in typo
+    assert "RateLimit names kind 'test_limits_declared_elsewhere'" in elsewhere
+    assert "this worker has no handler for it" in elsewhere
 
 
 def test_a_worker_with_limits_needs_the_limits_branch(core_only: Engine) -> None:
