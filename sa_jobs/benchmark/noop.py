@@ -21,6 +21,7 @@ import sa_jobs
 __all__ = [
     "KIND",
     "BenchNoop",
+    "BenchUniqueNoop",
     "Handler",
     "latency_process",
     "worker_process",
@@ -35,6 +36,14 @@ Handler = Literal["sync", "async"]
 @sa_jobs.job_args(kind=KIND)
 class BenchNoop:
     """The job every measurement uses: args ``{"seq": n}``; its handler does nothing."""
+
+    seq: int = 0
+
+
+@sa_jobs.job_args(kind="sa_jobs_bench_unique_noop", unique=sa_jobs.UniqueOpts(by_args=True))
+class BenchUniqueNoop:
+    """The same job, unique by its args: each insert computes a key and goes through
+    ``ON CONFLICT`` against the unique index (issue 15 keeps its cost within 1.3x)."""
 
     seq: int = 0
 

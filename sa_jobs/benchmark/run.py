@@ -121,6 +121,13 @@ def _single_phase(
             rates["async"],
             theirs,
         ),
+        # Against the plain single enqueue above (same turns), not the floor.
+        Figure(
+            "enqueue_single_unique",
+            "enqueue, single, unique by args (add(enqueue()) + commit)",
+            "jobs/s",
+            rates["unique"],
+        ),
     ]
 
 
@@ -135,20 +142,32 @@ def _worked_phase(
     chunks = batches(settings.jobs, list(settings.queues), settings.batch)
     theirs_bulk = theirs_worked = theirs_cpu = None
     workers = "1 process" if settings.processes == 1 else f"{settings.processes} processes"
+    size = max(len(seqs) for _, seqs in chunks)
     if inserter is not None:
         say(f"floor: bulk enqueue of {settings.jobs:,} jobs, then drain with {workers}")
         theirs_bulk = _bulk(engine, chunks, inserter.bulk)
         theirs_worked, theirs_cpu = _drain(url, engine, floor.floor_worker_process, settings)
+    say(f"sa_jobs: bulk enqueue of {settings.jobs:,} unique jobs (not drained)")
+    unique_bulk = _bulk(
+        engine, chunks, lambda seqs, queue: _insert_many(engine, seqs, queue, unique=True)
+    )
     say(f"sa_jobs: bulk enqueue of {settings.jobs:,} jobs, then drain with {workers}")
     ours_bulk = _bulk(engine, chunks, lambda seqs, queue: _insert_many(engine, seqs, queue))
     ours_worked, ours_cpu = _drain(url, engine, noop.worker_process, settings)
     return [
         Figure(
             "enqueue_bulk",
-            f"enqueue, bulk (insert_many, {max(len(seqs) for _, seqs in chunks):,}/txn)",
+            f"enqueue, bulk (insert_many, {size:,}/txn)",
             "jobs/s",
             ours_bulk,
             theirs_bulk,
+        ),
+        # Against the plain bulk enqueue above, not the floor.
+        Figure(
+            "enqueue_bulk_unique",
+            f"enqueue, bulk, unique by args (insert_many, {size:,}/txn)",
+            "jobs/s",
+            unique_bulk,
         ),
         Figure(
             "worked",
@@ -226,26 +245,28 @@ def batches(jobs: int, queues: list[str], size: int) -> list[tuple[str, range]]:
 # ---------------------------------------------------------------------- measurements
 
 
-def _enqueue(engine: Engine, seq: int, queue: str) -> float:
+def _enqueue(engine: Engine, seq: int, queue: str, *, unique: bool = False) -> float:
     """sa_jobs' single enqueue: the ORM path, one transaction; ``time.time()`` after the
     commit returned."""
+    make = noop.BenchUniqueNoop if unique else noop.BenchNoop
     with Session(engine) as session:
-        session.add(sa_jobs.enqueue(noop.BenchNoop(seq), queue=queue))
+        session.add(sa_jobs.enqueue(make(seq), queue=queue))
         session.commit()
     return time.time()
 
 
-def _insert_many(engine: Engine, seqs: range, queue: str) -> None:
+def _insert_many(engine: Engine, seqs: range, queue: str, *, unique: bool = False) -> None:
+    make = noop.BenchUniqueNoop if unique else noop.BenchNoop
     with Session(engine) as session, session.begin():
-        sa_jobs.insert_many(session, [noop.BenchNoop(seq) for seq in seqs], queue=queue)
+        sa_jobs.insert_many(session, [make(seq) for seq in seqs], queue=queue)
 
 
 async def _single_enqueue(
     url: URL, engine: Engine, inserter: floor.FloorInserter | None, count: int, queue: str
 ) -> dict[str, float]:
     """Jobs per second of each single enqueue: ``sync`` (``session.add(enqueue())``),
-    ``async`` (``await insert(async_session)``) and the ``floor``'s, taking turns job by
-    job.
+    ``async`` (``await insert(async_session)``), ``unique`` (the sync one with a job
+    unique by its args) and the ``floor``'s, taking turns job by job.
 
     Taking turns gives every side the same machine: this kind of VM drifts by a third
     within a minute, which would decide the ratio if each side ran in a block of its
@@ -258,6 +279,9 @@ async def _single_enqueue(
     async def sync_step(seq: int) -> None:
         _enqueue(engine, seq, queue)
 
+    async def unique_step(seq: int) -> None:
+        _enqueue(engine, seq, queue, unique=True)
+
     async def async_step(seq: int) -> None:
         async with AsyncSession(async_engine) as session:
             await sa_jobs.insert(session, noop.BenchNoop(seq), queue=queue)
@@ -266,6 +290,7 @@ async def _single_enqueue(
     steps: dict[str, Callable[[int], Awaitable[None]]] = {
         "sync": sync_step,
         "async": async_step,
+        "unique": unique_step,
     }
     if inserter is not None:
 
