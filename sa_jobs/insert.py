@@ -34,10 +34,12 @@ from sqlalchemy.sql.dml import Insert
 from sa_jobs.errors import InvalidOptionsError, SchemaMissingError
 from sa_jobs.hooks import INSERT_HOOKS, InsertCall
 from sa_jobs.insert_statement import (
+    SENT_COLUMNS,
     build_insert,
     in_input_order,
     insert_statement,
     rows_param,
+    sent_columns_of,
     sent_values,
     shape_of,
 )
@@ -249,9 +251,11 @@ def write_rows(
     return written
 
 
-def _id_of(returned: Returned) -> int | None:
+def _id_of(returned: Returned) -> int:
+    """The id of a row an insert statement returned (a Job, or the flush hook's mapping)."""
     job = returned.job
-    return job.id if isinstance(job, Job) else job["id"]  # type: ignore[no-any-return]
+    job_id: int = job.id if isinstance(job, Job) else job["id"]
+    return job_id
 
 
 def _write_rows(
@@ -304,8 +308,11 @@ def _write_plain(
         returned = run(insert_statement(shape), rows_param(sent), False)
         if shape.unique:
             returned = in_input_order(sent, returned)
-        else:
-            returned = [_with_sent(entry, row) for entry, row in zip(returned, sent, strict=True)]
+        met = _columns_of_met_jobs(connection, returned)
+        returned = [
+            _with_values(entry, met[_id_of(entry)] if entry.existed else sent_values(row))
+            for entry, row in zip(returned, sent, strict=True)
+        ]
         answered: set[int] = set()
         for answer in answers:
             row = returned[answer]
@@ -317,9 +324,17 @@ def _write_plain(
     return results
 
 
-def _with_sent(entry: Returned, row: JobRow) -> Returned:
-    """Complete a row of a plain insert with the columns it did not return."""
-    values = sent_values(row)
+def _columns_of_met_jobs(connection: Connection, returned: Sequence[Returned]) -> dict[int, Any]:
+    """The columns the insert did not return, of the existing jobs unique rows met."""
+    ids = [_id_of(entry) for entry in returned if entry.existed]
+    if not ids:
+        return {}
+    rows = connection.execute(sent_columns_of(ids)).mappings()
+    return {row["id"]: {name: row[name] for name in SENT_COLUMNS} for row in rows}
+
+
+def _with_values(entry: Returned, values: dict[str, Any]) -> Returned:
+    """Complete a returned row with the columns the insert did not return."""
     if isinstance(entry.job, Job):
         for name, value in values.items():
             set_committed_value(entry.job, _ATTRIBUTE_OF[name], value)

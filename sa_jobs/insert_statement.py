@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     Float,
     Integer,
@@ -22,6 +23,7 @@ from sqlalchemy import (
     SmallInteger,
     Text,
     and_,
+    any_,
     case,
     column,
     false,
@@ -36,6 +38,7 @@ from sqlalchemy import cast as sql_cast
 from sqlalchemy import false as sql_false
 from sqlalchemy.dialects.postgresql import ARRAY, BIT, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.sql import Select
 from sqlalchemy.sql.dml import Insert
 
 from sa_jobs.job_key import detach_unavailable_holders, keyed_upsert
@@ -62,6 +65,7 @@ __all__ = [
     "in_input_order",
     "insert_statement",
     "rows_param",
+    "sent_columns_of",
     "sent_values",
     "shape_of",
 ]
@@ -168,25 +172,33 @@ def in_input_order(sent: Sequence[JobRow], returned: list[Any]) -> list[Any]:
     return by_input
 
 
-#: What a plain insert (no unique key, no job key) does not read back. Every row such a
-#: statement returns is one it wrote, so these hold what was sent (``args``,
-#: ``metadata``) or their default (``errors``): the insert paths fill them in from the
-#: sent rows (:func:`sent_values`) instead of decoding three JSON documents per row, a
-#: quarter of ``insert_many``'s CPU.
+#: What a statement without a job key does not read back. A row it wrote holds what was
+#: sent (``args``, ``metadata``) or the default (``errors``): the insert paths fill them
+#: in from the sent rows (:func:`sent_values`) instead of decoding three JSON documents
+#: per row, a quarter of ``insert_many``'s CPU. A unique row that met an existing job is
+#: read again (:func:`sent_columns_of`), once per batch, only when there are such rows.
 SENT_COLUMNS = ("args", "metadata", "errors")
 _READ_BACK_COLUMNS = tuple(c for c in CORE_COLUMNS if c.name not in SENT_COLUMNS)
 
 
 def sent_values(row: JobRow) -> dict[str, Any]:
-    """The :data:`SENT_COLUMNS` of a row a plain insert wrote, by column name."""
+    """The :data:`SENT_COLUMNS` of a row an insert wrote, by column name."""
     return {"args": row["args"], "metadata": row["metadata"], "errors": []}
+
+
+def sent_columns_of(ids: Sequence[int]) -> Select[Any]:
+    """The :data:`SENT_COLUMNS` (and ``id``) of existing jobs a unique insert met."""
+    table = Job.__table__
+    return select(table.c.id, *(table.c[name] for name in SENT_COLUMNS)).where(
+        table.c.id == any_(sql_cast(list(ids), ARRAY(BigInteger)))
+    )
 
 
 @functools.cache
 def insert_statement(shape: InsertShape) -> Insert:
     """The INSERT for rows of ``shape``, built once; execute it with :func:`rows_param`.
 
-    A plain statement leaves :data:`SENT_COLUMNS` out of its ``RETURNING``.
+    A statement without a job key leaves :data:`SENT_COLUMNS` out of its ``RETURNING``.
     """
     return build_insert(shape, read_back_sent=False)
 
@@ -200,8 +212,8 @@ def build_insert(
     input row: a unique row that met an existing job returns that job (River's no-op
     update). With a ``job_key_mode`` it returns a row only for jobs it inserted or met,
     plus ``job_key`` and ``revision`` to match them up (:mod:`sa_jobs.job_key`).
-    Without ``read_back_sent``, a plain statement (neither unique nor keyed) returns
-    every core column but :data:`SENT_COLUMNS`.
+    Without ``read_back_sent``, a statement without a job key returns every core column
+    but :data:`SENT_COLUMNS`.
 
     Sequenced rows must be inserted under their sequences' advisory locks: the insert
     paths take them first (:func:`sa_jobs.sequence.lock_keys`); with
@@ -316,4 +328,7 @@ def build_insert(
     # and xmax tells the two cases apart. Nothing of the existing row changes.
     return statement.on_conflict_do_update(
         constraint=unique_index, set_={Job.__table__.c.kind: Job.__table__.c.kind}
-    ).returning(*CORE_COLUMNS, literal_column("xmax <> 0", Boolean).label(EXISTED_COLUMN))
+    ).returning(
+        *(CORE_COLUMNS if read_back_sent else _READ_BACK_COLUMNS),
+        literal_column("xmax <> 0", Boolean).label(EXISTED_COLUMN),
+    )

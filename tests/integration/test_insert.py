@@ -204,6 +204,44 @@ def test_jobs_of_a_plain_insert_hold_every_column_without_reading_the_json_back(
     assert len({id(job.metadata_) for job in jobs[:3]}) == 3
 
 
+@sa_jobs.job_args(kind="test_unique_by_account", unique=sa_jobs.UniqueOpts(by_args=True))
+class ByAccount:
+    account_id: int = sa_jobs.field(unique=True)
+    note: str = ""
+
+
+def test_a_unique_insert_that_meets_a_job_returns_that_job_as_stored(
+    engine: Engine, statements: list[str]
+) -> None:
+    # Unique statements do not return args/metadata/errors either: rows they wrote are
+    # filled from what was sent, and a met job is read again — it must be the stored
+    # one (other args, other metadata), not what this call sent.
+    with Session(engine, expire_on_commit=False) as session, session.begin():
+        sa_jobs.insert(session, ByAccount(account_id=1, note="first"), metadata={"n": 1})
+    with Session(engine, expire_on_commit=False) as session, session.begin():
+        statements.clear()
+        many = sa_jobs.insert_many(
+            session,
+            [ByAccount(account_id=1, note="second"), ByAccount(account_id=2, note="new")],
+            metadata={"n": 2},
+        )
+        added = sa_jobs.enqueue(ByAccount(account_id=1, note="third"), metadata={"n": 3})
+        session.add(added)
+        session.flush()
+        rereads = [s for s in statements if s.lstrip().upper().startswith("SELECT")]
+    met, fresh = many[0], many[1]
+    assert met.unique_skipped_as_duplicate and not fresh.unique_skipped_as_duplicate
+    assert added.unique_skipped_as_duplicate
+    for job in (met.job, added):  # detached now: nothing left to load
+        assert (job.args, job.metadata_, job.errors) == (
+            ByAccount(account_id=1, note="first"),
+            {"n": 1},
+            [],
+        )
+    assert (fresh.job.args, fresh.job.metadata_) == (ByAccount(account_id=2, note="new"), {"n": 2})
+    assert len(rereads) == 2  # one read-back per statement that met jobs, none otherwise
+
+
 def test_insert_job_is_a_core_insert_to_execute_or_compose(engine: Engine) -> None:
     statement = sa_jobs.insert_job(SendEmail(to="c@example.com"), priority=4)
     with Session(engine, expire_on_commit=False) as session, session.begin():
