@@ -34,10 +34,12 @@ def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
         help="measure enqueue rates, worked jobs/s and latency on a throwaway database",
         description="Create a throwaway database on the server (--url, $SA_JOBS_DATABASE_URL, "
         "$DATABASE_URL, else the local or an embedded one), install the schema, and measure: "
-        "single and bulk enqueue rates, worked no-op jobs/s with the given queues and "
+        "single and bulk enqueue rates (plain, and unique by args), worked no-op jobs/s "
+        "with the given queues and "
         "processes, the worker's CPU time per job, and enqueue -> handler start latency on an "
         "idle worker. --floor also runs the raw-SQL floor on the same database and prints "
-        "each figure's ratio to it. The database is dropped at the end; nothing else is "
+        "each figure's ratio to it (the unique rates compare with the plain ones). "
+        "The database is dropped at the end; nothing else is "
         "touched. Unlike `work`, these options are read from the command line only.",
     )
     parser.add_argument(

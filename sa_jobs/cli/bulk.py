@@ -74,7 +74,11 @@ def add_filter_options(parser: argparse.ArgumentParser, operation: str) -> None:
         help=f"only jobs in this state (repeatable): {states}",
     )
     parser.add_argument(
-        "--id", dest="ids", action="append", type=settings.positive_int, help="only this job id"
+        "--id",
+        dest="ids",
+        action="append",
+        type=settings.positive_int,
+        help="only this job id (repeatable)",
     )
     parser.add_argument(
         "--created-before",

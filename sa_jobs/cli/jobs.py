@@ -39,7 +39,9 @@ SETTINGS = (settings.URL, settings.LOG_LEVEL)
 def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     """Add ``jobs`` and its actions to the top-level subparsers ``commands``; ``common``
     holds the global options."""
-    jobs = commands.add_parser("jobs", parents=[common], help="list, show, retry or cancel jobs")
+    jobs = commands.add_parser(
+        "jobs", parents=[common], help="list, show, retry, cancel or delete jobs"
+    )
     actions = jobs.add_subparsers(required=True, metavar="ACTION")
 
     listing = actions.add_parser("list", parents=[common], help="a table of jobs, newest first")

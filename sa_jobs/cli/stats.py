@@ -61,7 +61,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         type=settings.positive_int,
         default=EXACT_LIMIT,
         metavar="N",
-        help="count finished jobs of a state exactly up to N, estimate past it "
+        help="count the jobs of each state exactly up to N, estimate past it "
         f"(default {EXACT_LIMIT:,})",
     )
     numbers.set_defaults(run=_stats, settings=SETTINGS)
