@@ -18,6 +18,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from sa_jobs.args import encode_args
 from sa_jobs.insert import Returned, write_rows
+from sa_jobs.insert_statement import MET_COLUMNS, met_values
 from sa_jobs.models import EXISTED_COLUMN, Job
 from sa_jobs.options import InsertOptions, InsertOpts, insert_opts
 from sa_jobs.rows import JobRow, row_for, row_of_job
@@ -76,7 +77,16 @@ def _insert_pending_jobs(session: Session, _flush: UOWTransaction, _objects: Any
     def run(statement: Any, params: dict[str, Any], _keyed: bool) -> list[Returned]:
         rows = connection.execute(statement, params).mappings()
         return [
-            Returned(row, bool(row[EXISTED_COLUMN]), row.get("job_key"), row.get("revision"))
+            Returned(
+                row,
+                bool(row[EXISTED_COLUMN]),
+                row.get("job_key"),
+                row.get("revision"),
+                # A job a unique row met: its stored args/metadata/errors (MET_COLUMNS).
+                met_values([row[name] for name in MET_COLUMNS])
+                if row[EXISTED_COLUMN] and MET_COLUMNS[0] in row
+                else None,
+            )
             for row in rows
         ]
 

@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar, Unpack
 
 import attrs
 from sqlalchemy import Boolean, Connection, Integer, Text, column, select
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
@@ -34,12 +35,13 @@ from sqlalchemy.sql.dml import Insert
 from sa_jobs.errors import InvalidOptionsError, SchemaMissingError
 from sa_jobs.hooks import INSERT_HOOKS, InsertCall
 from sa_jobs.insert_statement import (
-    SENT_COLUMNS,
+    MET_COLUMNS,
     build_insert,
     in_input_order,
     insert_statement,
+    met_values,
+    returns_met_columns,
     rows_param,
-    sent_columns_of,
     sent_values,
     shape_of,
 )
@@ -108,6 +110,9 @@ class Returned:
     existed: bool
     job_key: str | None = None
     revision: int | None = None
+    #: For an existing job a statement without a job key met: its columns the statement
+    #: did not return for the rows it wrote (:data:`~sa_jobs.insert_statement.MET_COLUMNS`).
+    met: dict[str, Any] | None = None
 
 
 @attrs.frozen
@@ -202,7 +207,10 @@ def _insert_many(
         rows = session.execute(_as_jobs(statement, keyed), params).all()
         if keyed:
             return [Returned(job, bool(existed), key, rev) for job, existed, key, rev in rows]
-        return [Returned(job, bool(existed)) for job, existed in rows]
+        return [
+            Returned(job, bool(existed), met=met_values(met) if existed and met else None)
+            for job, existed, *met in rows
+        ]
 
     written = write_rows(session.connection(), rows, run, batch_size=batch_size)
     results = [_result(entry) for entry in written]
@@ -223,7 +231,12 @@ def _result(written: Written) -> InsertResult[Any]:
 @functools.cache
 def _as_jobs(statement: Insert, keyed: bool) -> Any:
     """Load an insert statement's rows as Job objects (built once per statement)."""
-    extra = [column("job_key", Text), column("revision", Integer)] if keyed else []
+    if keyed:
+        extra = [column("job_key", Text), column("revision", Integer)]
+    elif returns_met_columns(statement):
+        extra = [column(name, JSONB) for name in MET_COLUMNS]
+    else:
+        extra = []
     loading = select(Job, column(EXISTED_COLUMN, Boolean), *extra)
     return loading.from_statement(statement).execution_options(populate_existing=True)
 
@@ -308,9 +321,8 @@ def _write_plain(
         returned = run(insert_statement(shape), rows_param(sent), False)
         if shape.unique:
             returned = in_input_order(sent, returned)
-        met = _columns_of_met_jobs(connection, returned)
         returned = [
-            _with_values(entry, met[_id_of(entry)] if entry.existed else sent_values(row))
+            _with_values(entry, entry.met if entry.met is not None else sent_values(row))
             for entry, row in zip(returned, sent, strict=True)
         ]
         answered: set[int] = set()
@@ -322,15 +334,6 @@ def _write_plain(
             action = InsertAction.SKIPPED_DUPLICATE if duplicate else InsertAction.INSERTED
             results.append(Written(row, action))
     return results
-
-
-def _columns_of_met_jobs(connection: Connection, returned: Sequence[Returned]) -> dict[int, Any]:
-    """The columns the insert did not return, of the existing jobs unique rows met."""
-    ids = [_id_of(entry) for entry in returned if entry.existed]
-    if not ids:
-        return {}
-    rows = connection.execute(sent_columns_of(ids)).mappings()
-    return {row["id"]: {name: row[name] for name in SENT_COLUMNS} for row in rows}
 
 
 def _with_values(entry: Returned, values: dict[str, Any]) -> Returned:

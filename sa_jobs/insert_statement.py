@@ -15,7 +15,6 @@ from typing import Any
 
 import attrs
 from sqlalchemy import (
-    BigInteger,
     Boolean,
     Float,
     Integer,
@@ -23,7 +22,6 @@ from sqlalchemy import (
     SmallInteger,
     Text,
     and_,
-    any_,
     case,
     column,
     false,
@@ -38,7 +36,7 @@ from sqlalchemy import cast as sql_cast
 from sqlalchemy import false as sql_false
 from sqlalchemy.dialects.postgresql import ARRAY, BIT, JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.sql import Select
+from sqlalchemy.sql import ColumnElement
 from sqlalchemy.sql.dml import Insert
 
 from sa_jobs.job_key import detach_unavailable_holders, keyed_upsert
@@ -58,14 +56,16 @@ from sa_jobs.states import JobState
 from sa_jobs.unique import release_expired_locks, unique_duplicate
 
 __all__ = [
+    "MET_COLUMNS",
     "ROWS_PARAM",
     "SENT_COLUMNS",
     "InsertShape",
     "build_insert",
     "in_input_order",
     "insert_statement",
+    "met_values",
+    "returns_met_columns",
     "rows_param",
-    "sent_columns_of",
     "sent_values",
     "shape_of",
 ]
@@ -106,6 +106,10 @@ _INSERTED_COLUMNS = (
     "scheduled_at",
 )
 
+
+#: A row ``INSERT … ON CONFLICT DO UPDATE`` returns existed before the statement (River's
+#: trick: the no-op update leaves ``xmax`` set on the existing row only).
+_EXISTED = literal_column("xmax <> 0", Boolean)
 
 #: The identity sequence of ``sa_job.id`` (PostgreSQL's name for it).
 _ID_SEQUENCE = literal_column("'sa_job_id_seq'", Text)
@@ -172,12 +176,16 @@ def in_input_order(sent: Sequence[JobRow], returned: list[Any]) -> list[Any]:
     return by_input
 
 
-#: What a statement without a job key does not read back. A row it wrote holds what was
-#: sent (``args``, ``metadata``) or the default (``errors``): the insert paths fill them
-#: in from the sent rows (:func:`sent_values`) instead of decoding three JSON documents
-#: per row, a quarter of ``insert_many``'s CPU. A unique row that met an existing job is
-#: read again (:func:`sent_columns_of`), once per batch, only when there are such rows.
+#: What a statement without a job key does not read back for the rows it wrote: they hold
+#: what was sent (``args``, ``metadata``) or the default (``errors``), and the insert
+#: paths fill them in from the sent rows (:func:`sent_values`) instead of decoding three
+#: JSON documents per row, a quarter of ``insert_many``'s CPU. For an existing job a
+#: unique row met, a unique statement returns them as :data:`MET_COLUMNS` (NULL for the
+#: rows it wrote; a plain statement meets nothing and leaves them out), so
+#: a duplicate costs no second round trip.
 SENT_COLUMNS = ("args", "metadata", "errors")
+#: ``met_args``, ``met_metadata``, ``met_errors``: the columns of a job the insert met.
+MET_COLUMNS = tuple(f"met_{name}" for name in SENT_COLUMNS)
 _READ_BACK_COLUMNS = tuple(c for c in CORE_COLUMNS if c.name not in SENT_COLUMNS)
 
 
@@ -186,12 +194,24 @@ def sent_values(row: JobRow) -> dict[str, Any]:
     return {"args": row["args"], "metadata": row["metadata"], "errors": []}
 
 
-def sent_columns_of(ids: Sequence[int]) -> Select[Any]:
-    """The :data:`SENT_COLUMNS` (and ``id``) of existing jobs a unique insert met."""
+def met_values(values: Sequence[Any]) -> dict[str, Any]:
+    """The :data:`SENT_COLUMNS` of a job an insert met, from its :data:`MET_COLUMNS`."""
+    return dict(zip(SENT_COLUMNS, values, strict=True))
+
+
+def returns_met_columns(statement: Insert) -> bool:
+    """Whether ``statement`` returns :data:`MET_COLUMNS` (a unique one built here does; a
+    plain one meets nothing, and leaves them out rather than send NULLs per row)."""
+    return MET_COLUMNS[0] in statement.exported_columns
+
+
+def _met_columns(existed: ColumnElement[bool]) -> list[Any]:
+    """:data:`MET_COLUMNS`: the stored values where the row existed, else NULL."""
     table = Job.__table__
-    return select(table.c.id, *(table.c[name] for name in SENT_COLUMNS)).where(
-        table.c.id == any_(sql_cast(list(ids), ARRAY(BigInteger)))
-    )
+    return [
+        case((existed, table.c[name]), else_=null()).label(met)
+        for name, met in zip(SENT_COLUMNS, MET_COLUMNS, strict=True)
+    ]
 
 
 @functools.cache
@@ -330,5 +350,6 @@ def build_insert(
         constraint=unique_index, set_={Job.__table__.c.kind: Job.__table__.c.kind}
     ).returning(
         *(CORE_COLUMNS if read_back_sent else _READ_BACK_COLUMNS),
-        literal_column("xmax <> 0", Boolean).label(EXISTED_COLUMN),
+        _EXISTED.label(EXISTED_COLUMN),
+        *([] if read_back_sent else _met_columns(_EXISTED)),
     )
