@@ -13,14 +13,17 @@ import pytest
 from sqlalchemy import URL, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from sa_jobs.cli import main
 from sa_jobs.devdb import Server, find_server
 from tests.factories import clear_workers_and_leader
 from tests.helpers import (
+    CliRun,
     empty_job_table,
     engine_at,
     migrated_database,
     recorded_statements,
     reset_effects,
+    url_text,
 )
 from tests.pgbouncer import PgBouncer, running_pgbouncer
 
@@ -109,3 +112,17 @@ def bouncer_engine(pgbouncer: PgBouncer) -> Iterator[Engine]:
         pgbouncer.url, pool_size=10, max_overflow=10, connect_args={"prepare_threshold": None}
     ) as engine:
         yield engine
+
+
+@pytest.fixture
+def cli(database_url: URL, engine: Engine, capsys: pytest.CaptureFixture[str]) -> CliRun:
+    """``cli("jobs", "list")`` runs ``sa-jobs jobs list --url <test db>`` in-process and
+    returns ``(exit code, stdout, stderr)``; ``engine`` makes the schema exist first."""
+    url = url_text(database_url)
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        code = main([*argv, "--url", url])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run

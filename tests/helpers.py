@@ -41,6 +41,10 @@ from sa_jobs.worker.service import Service
 
 T = TypeVar("T")
 
+#: The ``cli`` fixture (tests/conftest.py): run ``sa-jobs ARGV`` in-process, get
+#: ``(exit code, stdout, stderr)``.
+CliRun = Callable[..., tuple[int, str, str]]
+
 # ------------------------------------------------------------------ databases
 
 

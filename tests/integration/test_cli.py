@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,24 +19,11 @@ from sa_jobs import Job, JobState
 from sa_jobs.cli import main
 from sa_jobs.devdb import Server, throwaway_database
 from tests.factories import job_row, make_job
-from tests.helpers import url_text, wait_for_state
+from tests.helpers import CliRun, url_text, wait_for_state
 
 HERE = Path(__file__).parent
 
-Run = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def cli(database_url: URL, engine: Engine, capsys: pytest.CaptureFixture[str]) -> Run:
-    """``cli("jobs", "list")`` runs ``sa-jobs jobs list --url <test db>`` in-process."""
-    url = url_text(database_url)
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        code = main([*argv, "--url", url])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+Run = CliRun
 
 
 def table_rows(out: str) -> list[list[str]]:

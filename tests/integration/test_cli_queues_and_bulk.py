@@ -6,32 +6,18 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from collections.abc import Callable
 
 import pytest
-from sqlalchemy import URL, Engine, select
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from sa_jobs import Job, JobState
-from sa_jobs.cli import main
 from sa_jobs.cli.bulk import age
 from sa_jobs.models import JobQueue, PeriodicState
 from tests.factories import make_job
-from tests.helpers import url_text
+from tests.helpers import CliRun
 
-Run = Callable[..., tuple[int, str, str]]
-
-
-@pytest.fixture
-def cli(database_url: URL, engine: Engine, capsys: pytest.CaptureFixture[str]) -> Run:
-    url = url_text(database_url)
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        code = main([*argv, "--url", url])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+Run = CliRun
 
 
 def states(engine: Engine) -> dict[int, JobState]:
