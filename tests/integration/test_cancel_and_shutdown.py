@@ -155,7 +155,7 @@ def test_cancelling_a_running_sync_job_that_polls_job_cancelled_cancels_it(
 def test_a_running_job_that_finishes_its_work_despite_a_cancel_request_ends_completed(
     engine: Engine,
 ) -> None:
-    # docs/decisions.md: a cancel request that the handler finishes anyway ends completed.
+    # docs/dev/decisions.md: a cancel request that the handler finishes anyway ends completed.
     job_id = add_job(engine, Task())
     started, release = threading.Event(), threading.Event()
     runs: list[Job] = []

@@ -184,7 +184,7 @@ def test_a_timed_out_async_job_is_discarded_when_it_was_its_last_attempt(
 def test_an_async_handler_that_swallows_its_timeout_cancellation_still_fails(
     engine: Engine,
 ) -> None:
-    # A timeout is a failure even if the handler returns after it (docs/decisions.md).
+    # A timeout is a failure even if the handler returns after it (docs/dev/decisions.md).
     job_id = add_job(engine, Plain())
     worker = make_worker(engine, retry_policy=AN_HOUR, interrupt_grace=5.0)
 
