@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -420,11 +421,21 @@ def test_an_app_alembic_env_runs_the_migrations_shipped_in_the_wheel(
     tmp_path: Path, pg_server: Server, blank_url: URL, blank_engine: Engine
 ) -> None:
     wheels, venv, app = tmp_path / "wheels", tmp_path / "venv", tmp_path / "app"
-    run([sys.executable, "-m", "build", "--wheel", "--outdir", wheels, REPO], cwd=tmp_path)
+    # The sdist, then the wheel built from it (build's default): what a packager does.
+    run([sys.executable, "-m", "build", "--outdir", wheels, REPO], cwd=tmp_path)
     (wheel,) = wheels.glob("sa_jobs-*.whl")
+    (sdist,) = wheels.glob("sa_jobs-*.tar.gz")
+    license_text = (REPO / "LICENSE").read_text()
+    assert "MIT License" in license_text
+    with tarfile.open(sdist) as archive:
+        member = archive.extractfile(f"{sdist.name.removesuffix('.tar.gz')}/LICENSE")
+        assert member is not None
+        assert member.read().decode() == license_text
     # The dashboard's templates and stylesheet ship too (no build step, no CDN).
     with zipfile.ZipFile(wheel) as archive:
         shipped = set(archive.namelist())
+        (licensed,) = [name for name in shipped if name.endswith(".dist-info/licenses/LICENSE")]
+        assert archive.read(licensed).decode() == license_text
     dashboard = REPO / "sa_jobs" / "dashboard"
     expected = [*dashboard.glob("templates/*.html"), dashboard / "static" / "dashboard.css"]
     assert len(expected) > 5
