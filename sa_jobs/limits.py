@@ -95,7 +95,7 @@ class ConcurrencyLimit:
     """At most ``max_running`` jobs of a queue, or of a kind, run at once across every
     worker process (not per process: that is the worker's ``queues`` concurrency).
 
-    Args:
+    Attributes:
         max_running: The most jobs of the scope in ``running`` at any moment (>= 1).
         queue: Count the jobs of this queue (the worker must serve it), or
         kind: count the jobs of this kind (an args class or its kind string) in every
@@ -144,7 +144,7 @@ class RateLimit:
     errs on the safe side by at most that much: under steady demand, a little over
     ``max_starts`` per ``1.05 * per``.
 
-    Args:
+    Attributes:
         max_starts: The most starts in any ``per``-long stretch (>= 1).
         per: The window, a ``timedelta`` or seconds, from 1 second to 365 days.
         queue: Count the starts of this queue (the worker must serve it), or

@@ -45,8 +45,6 @@ from sa_jobs.states import FINAL_STATES, InsertAction, JobState
 
 __all__ = ["Base", "Job", "JobQueue", "Leader", "PeriodicState", "WorkerProcess", "metadata"]
 
-#: Include this in your Alembic ``target_metadata`` (as a list entry) so autogenerate
-#: knows sa_jobs' tables are expected and leaves them alone.
 metadata = MetaData(
     naming_convention={
         "pk": "%(table_name)s_pkey",
@@ -54,6 +52,8 @@ metadata = MetaData(
         "ix": "%(table_name)s_%(column_0_name)s_idx",
     }
 )
+"""sa_jobs' tables. Include this in your Alembic ``target_metadata`` (as a list entry) so
+autogenerate knows sa_jobs' tables are expected and leaves them alone."""
 
 
 class Base(DeclarativeBase):

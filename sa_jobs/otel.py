@@ -45,9 +45,9 @@ from sa_jobs.models import Job
 
 __all__ = ["METADATA_KEY", "OpenTelemetryHooks"]
 
-#: The key of a job's ``metadata`` holding the propagated trace context (a dict of the
-#: propagator's fields, such as ``traceparent`` and ``tracestate``).
 METADATA_KEY = "otel"
+"""The key of a job's ``metadata`` holding the propagated trace context (a dict of the
+propagator's fields, such as ``traceparent`` and ``tracestate``)."""
 
 SYSTEM = "sa_jobs"
 

@@ -59,8 +59,8 @@ __all__ = ["DEFAULT_BUCKETS", "PrometheusMetrics", "QueueCollector", "QueueFigur
 
 log = logging.getLogger("sa_jobs.prometheus")
 
-#: Attempt duration buckets, in seconds: from a no-op to the default one-minute timeout.
 DEFAULT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+"""Attempt duration buckets, in seconds: from a no-op to the default one-minute timeout."""
 
 #: The states ``sa_jobs_queue_jobs`` reports: what is waiting or running.
 DEPTH_STATES = (JobState.AVAILABLE, JobState.SCHEDULED, JobState.RETRYABLE, JobState.RUNNING)

@@ -52,9 +52,9 @@ __all__ = [
     "set_csrf_cookie",
 ]
 
-#: What ``create_app(auth=...)`` accepts: a function of the request returning (or a
-#: coroutine function resolving to) a ``Response``, or a verdict read as a truth value.
 Auth = Callable[[Request], "Response | object | Awaitable[Response | object]"]
+"""What ``create_app(auth=...)`` accepts: a function of the request returning (or a
+coroutine function resolving to) a ``Response``, or a verdict read as a truth value."""
 
 CSRF_COOKIE = "sa_jobs_csrf"
 #: Over https: a ``__Host-`` cookie must be ``Secure``, for path ``/``, and without a

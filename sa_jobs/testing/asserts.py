@@ -41,8 +41,8 @@ __all__ = [
     "enqueued_jobs",
 ]
 
-#: The states the assertions look at by default: jobs that will still run.
 WAITING_STATES = (JobState.AVAILABLE, JobState.SCHEDULED, JobState.PENDING, JobState.RETRYABLE)
+"""The states the assertions look at by default: jobs that will still run."""
 
 #: How many jobs a failure message lists (the most recent ones).
 LISTED_JOBS = 20

@@ -346,7 +346,6 @@ def assert_same_args(expected: Any, actual: Any, path: str = "args") -> None:
 
 # --------------------------------------------------------------------------- unique jobs
 
-#: Durations people actually configure, tried before arbitrary ones.
 COMMON_DURATIONS: tuple[dt.timedelta, ...] = (
     dt.timedelta(seconds=1),
     dt.timedelta(minutes=1),
@@ -355,6 +354,7 @@ COMMON_DURATIONS: tuple[dt.timedelta, ...] = (
     dt.timedelta(hours=24),
     dt.timedelta(days=7),
 )
+"""Durations people actually configure, tried before arbitrary ones."""
 
 
 def durations(
