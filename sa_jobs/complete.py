@@ -283,6 +283,11 @@ def _plain_completion(outcome: Outcome) -> bool:
 
 def finish_in(connection: Connection, outcomes: Sequence[Outcome]) -> list[tuple[int, JobState]]:
     """Write outcomes in the connection's transaction, and move sequences on with them."""
+    # In id order: the statement's plan walks the outcomes as given and locks each row as
+    # it goes, and a bulk action locks its rows in id order (control.locked_in_id_order).
+    # A batch in completion order could hold a later row while waiting for an earlier one
+    # the action holds, while the action waits for the later one: a deadlock.
+    outcomes = sorted(outcomes, key=lambda outcome: outcome.job_id)
     features = Features.of(connection)
     sequence = features.sequence and any(o.sequenced is not False for o in outcomes)
     if all(_plain_completion(outcome) for outcome in outcomes):

@@ -4,10 +4,11 @@ general JSON statement (:func:`~sa_jobs.complete.finish_statement`) would."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, update
+from sqlalchemy import Engine, select, text, update
 
 from sa_jobs.complete import (
     COMPLETED_IDS_PARAM,
@@ -23,7 +24,7 @@ from sa_jobs.complete import (
 from sa_jobs.models import Job
 from sa_jobs.states import CANCEL_ATTEMPTED_KEY, JOB_KEY_REPLACED_KEY, JobState
 from tests.factories import job_row, make_job
-from tests.helpers import is_finish_statement, sent_statements
+from tests.helpers import is_finish_statement, sent_statements, wait_until
 
 #: name -> (make_job options, the run the outcome names); every situation a finish
 #: statement tells apart.
@@ -113,3 +114,64 @@ def test_a_batch_of_completions_is_sent_as_arrays_and_any_other_as_json(engine: 
     assert OUTCOMES_PARAM in finishes[1][1]
     states = [job_row(engine, job_id).state for job_id in [*done, failed]]
     assert states == [JobState.COMPLETED] * 3 + [JobState.RETRYABLE]
+
+
+@pytest.mark.parametrize("ending", [Ending.COMPLETED, Ending.FAILED])
+def test_a_batch_locks_its_rows_in_id_order_so_a_bulk_action_cannot_deadlock_it(
+    engine: Engine, ending: Ending
+) -> None:
+    # A bulk action (cancel_jobs, delete_jobs, ...) locks its rows in id order. A batch
+    # written in completion order locked the later job first, then waited for the earlier
+    # one the action held while the action waited for the later one: found as a deadlock
+    # by the bulk-action race tests on PostgreSQL 18.
+    first = make_job(engine, state=JobState.RUNNING)
+    second = make_job(engine, state=JobState.RUNNING)
+    with engine.begin() as connection:
+        # Enough rows for the plan a real table gets (a nested loop over the outcomes, a
+        # primary key lookup each); over a few rows a hash join locks in physical order.
+        connection.execute(
+            text(
+                "INSERT INTO sa_job (kind, args, queue, state, finalized_at)"
+                " SELECT 'filler', '{}', 'filler', 'completed', now()"
+                " FROM generate_series(1, 5000)"
+            )
+        )
+        connection.execute(text("ANALYZE sa_job"))
+    delay = 60.0 if ending is Ending.FAILED else None
+    batch = [Outcome(second, 0, ending, delay=delay), Outcome(first, 0, ending, delay=delay)]
+    failures: list[BaseException] = []
+
+    def write() -> None:
+        try:
+            with engine.begin() as connection:
+                finish_in(connection, batch)
+        except BaseException as exc:
+            failures.append(exc)
+
+    writer = threading.Thread(target=write)
+    with engine.connect() as action:
+        action.execute(select(Job.id).where(Job.id == first).with_for_update())
+        writer.start()
+        wait_until(lambda: _waiting_for_a_lock(engine) == 1, timeout=10, what="the writer")
+        # The action moves on to the second row: the writer must not be holding it.
+        action.execute(text("SET LOCAL lock_timeout = '5s'"))
+        action.execute(select(Job.id).where(Job.id == second).with_for_update())
+        action.commit()
+    writer.join(timeout=10)
+    assert failures == []
+    with engine.connect() as connection:
+        states = set(connection.scalars(select(Job.state).where(Job.id.in_([first, second]))))
+    assert states == {JobState.COMPLETED if ending is Ending.COMPLETED else JobState.RETRYABLE}
+
+
+def _waiting_for_a_lock(engine: Engine) -> int:
+    with engine.connect() as connection:
+        return int(
+            connection.scalar(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity"
+                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+                )
+            )
+            or 0
+        )
