@@ -33,6 +33,10 @@ QUEUE = "races"
 BATCHES = 50
 PER_BATCH = 20
 TOTAL = BATCHES * PER_BATCH
+#: The race was run: each side got at least this many of the jobs. 2%, not more: on a
+#: loaded machine (CI runs this test three times, on three servers) the workers take
+#: most of them, and cancel_jobs got 40 to 49 of 1,000 in runs that were otherwise right.
+RACED = TOTAL // 50
 
 
 @sa_jobs.job_args(kind="bulk_race_task")
@@ -186,8 +190,8 @@ def test_delete_jobs_racing_workers_never_deletes_a_started_job(
         if job_id in survivors:
             assert survivors[job_id].state is JobState.COMPLETED
     # The race was run: both sides got a good share of the jobs.
-    assert len(handlers.started) > TOTAL // 20, (len(handlers.started), racers.acted)
-    assert racers.acted > TOTAL // 20, (len(handlers.started), racers.acted)
+    assert len(handlers.started) > RACED, (len(handlers.started), racers.acted)
+    assert racers.acted > RACED, (len(handlers.started), racers.acted)
 
 
 def test_cancel_jobs_racing_workers_never_lets_a_cancelled_job_start(
@@ -214,8 +218,8 @@ def test_cancel_jobs_racing_workers_never_lets_a_cancelled_job_start(
     assert {row.attempt for row in others} == {1}
     assert handlers.started == {row.id for row in others}
     assert len(cancelled) == racers.acted
-    assert len(handlers.started) > TOTAL // 20, (len(handlers.started), racers.acted)
-    assert racers.acted > TOTAL // 20, (len(handlers.started), racers.acted)
+    assert len(handlers.started) > RACED, (len(handlers.started), racers.acted)
+    assert racers.acted > RACED, (len(handlers.started), racers.acted)
 
 
 @pytest.mark.parametrize("action", ["delete", "cancel", "retry"])
