@@ -87,8 +87,9 @@ def _require_branch(session: Session, function: str) -> None:
         )
 
 
-def check_known_queues(session: Session, queues: list[str]) -> None:
-    """Raise for the first of ``queues`` that nothing names (see the module).
+def check_known_queues(session: Session, queues: list[str], hint: str = "") -> None:
+    """Raise for the first of ``queues`` that nothing names (see the module); ``hint``
+    ends the message (what else the caller could do).
 
     Cheap lookups first (a control row, a worker's heartbeat row); the job table last, so
     only a queue that really is unknown costs a scan of it.
@@ -106,7 +107,7 @@ def check_known_queues(session: Session, queues: list[str]) -> None:
         with translate_missing_schema():
             found = session.scalar(select(or_(*known)))
         if not found:
-            raise UnknownQueueError(queue)
+            raise UnknownQueueError(queue, hint)
 
 
 def _notify(session: Session, action: str, queue: str) -> None:
@@ -116,6 +117,11 @@ def _notify(session: Session, action: str, queue: str) -> None:
 
 def _state(row: Any) -> QueueState:
     return QueueState(name=row.name, paused_at=row.paused_at, updated_at=row.updated_at)
+
+
+#: How to pause a queue before anything names it (``sa-jobs queue pause`` says
+#: ``--allow-unknown`` instead).
+ALLOW_UNKNOWN_HINT = "or pass allow_unknown=True to pause it before any job or worker names it"
 
 
 @either_session
@@ -140,7 +146,7 @@ def pause_queue(session: Session, queue: str, *, allow_unknown: bool = False) ->
     check_queue(queue)
     _require_branch(session, "pause_queue")
     if not allow_unknown:
-        check_known_queues(session, [queue])
+        check_known_queues(session, [queue], ALLOW_UNKNOWN_HINT)
     statement = pg_insert(JobQueue).values(name=queue, paused_at=func.now())
     statement = statement.on_conflict_do_update(
         index_elements=[JobQueue.name],

@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from sa_jobs.cli import processes, settings
-from sa_jobs.cli.common import CommandError, UsageError
+from sa_jobs.cli.common import CommandError, UsageError, parse_url
 from sa_jobs.cli.settings import QueueSpec
+from sa_jobs.errors import a_or_an
 from sa_jobs.worker import Worker
 
 __all__ = ["add_command", "load_worker", "queues_from"]
@@ -93,6 +94,9 @@ def _work(options: argparse.Namespace) -> int:
         raise UsageError("name the worker: sa-jobs work MODULE:ATTRIBUTE, or set SA_JOBS_WORKER")
     queues = queues_from(options.queues or (), options.concurrency)
     if options.url:
+        # A URL of another database is said in one line, before the app builds an
+        # engine on it (its driver may not even be installed).
+        parse_url(options.url)
         # The worker's engine is the application's own; an app that builds it from this
         # variable follows --url, and so do --processes children (they inherit it).
         os.environ["SA_JOBS_DATABASE_URL"] = options.url
@@ -177,7 +181,7 @@ def load_worker(spec: str) -> Worker:
         target = target()
     if not isinstance(target, Worker):
         raise CommandError(
-            f"{spec} is a {type(target).__name__}, not a sa_jobs.Worker "
+            f"{spec} is {a_or_an(type(target).__name__)}, not a sa_jobs.Worker "
             "(or a function of no arguments returning one)"
         )
     return target

@@ -32,7 +32,7 @@ from sqlalchemy import Connection, Engine, create_engine, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.urls import ASYNC_FORMS, SYNC_FORMS, in_driver
+from sa_jobs.urls import ASYNC_FORMS, SYNC_FORMS, in_driver, require_postgresql
 
 __all__ = [
     "WorkerEngines",
@@ -161,8 +161,15 @@ class WorkerEngines:
         ):
             if value is not None and not isinstance(value, kind):
                 raise InvalidOptionsError(
-                    option, f"must be a {kind.__name__}, got {type(value).__name__}"
+                    option, f"must be an {kind.__name__}, got {type(value).__name__}"
                 )
+        for option, value in (
+            ("engine", given),
+            ("sync_engine", sync_engine),
+            ("async_engine", async_engine),
+        ):
+            if value is not None:
+                require_postgresql(value, option)
         self.given = given
         self._derived_sync = False
         if isinstance(given, AsyncEngine):
