@@ -146,7 +146,15 @@ def _child_command(options: argparse.Namespace, queues: dict[str, int]) -> list[
 def _until_idle(worker: Worker) -> int:
     # run_until_idle handles SIGTERM/SIGINT itself: the first lets running jobs finish
     # and returns, a second cancels them; either way the rest stays queued.
-    worker.run_until_idle(timeout=None)
+    result = worker.run_until_idle(timeout=None)
+    # Exit 0 even with jobs left in queues this worker does not serve (it warned about
+    # them): serving some queues only is a normal deployment, not a failed run.
+    left = "".join(
+        f", {count} available in {queue!r} (not served here)"
+        for queue, count in result.unserved.items()
+    )
+    ending = "stopped early" if result.stopped_early else "idle"
+    log.info("%s: %d attempts worked%s", ending, result.worked, left)
     return 0
 
 
