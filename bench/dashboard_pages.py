@@ -1,4 +1,5 @@
-"""The dashboard's jobs list on a big table: each filter's page time, and its plan.
+"""The dashboard's jobs list on a big table: each filter's page time, and its plan; and
+what every jobs page reads beside its rows (its state tabs' counts, its filters' names).
 
     .venv/bin/python bench/dashboard_pages.py [ROWS]   # default 2,000,000 (~30 s to fill)
 
@@ -12,12 +13,13 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.orm import Session
 
 import sa_jobs
-from sa_jobs.dashboard import job_list
+from sa_jobs.dashboard import job_list, list_choices
 from sa_jobs.devdb import find_server, throwaway_database
 
 FILL = """
@@ -71,6 +73,22 @@ def measure(engine: object, rows: int) -> None:
                 f"{name}: {len(page.rows)} rows, next={page.next}, "
                 f"searched_to={page.searched_to}, {elapsed:.0f} ms"
             )
+        # What every jobs page reads beside its rows: the state tabs' counts (stats()'s
+        # capped counts) and the names the queue and kind filters suggest; stats() itself
+        # (the overview's counts) in the same conditions, for comparison. Median of 3.
+        measured: list[tuple[str, Callable[[], object]]] = [
+            ("state tabs and filter names", lambda: list_choices.list_choices(session)),
+            ("state tabs of queue mail", lambda: list_choices.list_choices(session, "mail")),
+            ("the kinds suggested alone", lambda: list_choices._kinds(session)),
+            ("sa_jobs.stats() (the overview's counts)", lambda: sa_jobs.stats(session)),
+        ]
+        for name, read in measured:
+            times = []
+            for _ in range(3):
+                start = time.perf_counter()
+                read()
+                times.append((time.perf_counter() - start) * 1000)
+            print(f"{name}: median {sorted(times)[1]:.0f} ms (first {times[0]:.0f} ms)")
     sent: list[tuple[str, object]] = []
 
     def grab(conn: object, cursor: object, statement: str, parameters: object, *_: object) -> None:

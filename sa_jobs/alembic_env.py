@@ -5,7 +5,8 @@ directory has several heads: its own, and one per sa_jobs branch. Alembic then r
 ``alembic revision`` ("Multiple heads are present") and, worse, runs ``alembic downgrade
 -1`` on whichever head it happens to pick — possibly one of sa_jobs'. These two hooks,
 passed to ``context.configure()``, make the first land on the application's own branch
-and refuse the second before anything is changed::
+and refuse the second before anything is changed; :func:`check_downgrade`, called just
+before ``context.run_migrations()``, refuses it before Alembic even announces the step::
 
     from sa_jobs import alembic_env
 
@@ -15,6 +16,9 @@ and refuse the second before anything is changed::
         process_revision_directives=alembic_env.process_revision_directives,
         on_version_apply=alembic_env.on_version_apply,
     )
+    with context.begin_transaction():
+        alembic_env.check_downgrade(context)
+        context.run_migrations()
 
 sa_jobs' revisions are told apart by their branch labels, which Alembic carries to every
 revision of a branch, so revisions added by a later sa_jobs release are recognised too.
@@ -29,13 +33,19 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from alembic.operations.ops import MigrationScript
+from alembic.runtime.environment import EnvironmentContext
 from alembic.runtime.migration import MigrationContext, MigrationInfo
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError, coerce_resource_to_filename
 
 from sa_jobs.schema import BRANCHES, CORE_BRANCH
 
-__all__ = ["application_heads", "on_version_apply", "process_revision_directives"]
+__all__ = [
+    "application_heads",
+    "check_downgrade",
+    "on_version_apply",
+    "process_revision_directives",
+]
 
 #: A downgrade target that counts steps without saying from which head (``-1``, ``-2``).
 _BARE_RELATIVE = re.compile(r"-\d+")
@@ -97,6 +107,42 @@ def process_revision_directives(
                 directive.version_path = _application_version_path(script)
 
 
+def _ambiguous_downgrade(destination: str, chosen: str) -> CommandError:
+    return CommandError(
+        f"'alembic downgrade {destination}' is ambiguous with several heads (Alembic "
+        f"would choose {chosen}); nothing was downgraded. Name the branch: "
+        f"'alembic downgrade <your_branch_label>@{destination}' for your own revisions, "
+        f"'alembic downgrade {CORE_BRANCH}@base' to remove sa_jobs."
+    )
+
+
+def check_downgrade(context: EnvironmentContext) -> None:
+    """Refuse ``alembic downgrade -N`` with several heads installed, before Alembic runs
+    (or logs) any step. Call it right before ``context.run_migrations()``.
+
+    It reads the command's target and the database's current heads; an upgrade, a
+    ``<branch>@-N`` target, offline (``--sql``) mode, and ``-N`` from a single installed
+    head pass through. :func:`on_version_apply` stays the safety net for an ``env.py``
+    that does not call this.
+    """
+    if context.is_offline_mode():
+        return
+    migration = context.get_context()
+    # The target as typed (get_revision_argument() resolves "myapp@-1" to "-1"); absent
+    # for commands without one (`alembic revision`, `check`).
+    destination = migration.opts.get("destination_rev")
+    if not isinstance(destination, str) or not _BARE_RELATIVE.fullmatch(destination):
+        return
+    heads = migration.get_current_heads()
+    if len(heads) < 2:
+        return
+    script = context.script
+    chosen = "one of " + ", ".join(
+        f"{head} ({_sa_jobs_branch(script, head) or 'yours'})" for head in sorted(heads)
+    )
+    raise _ambiguous_downgrade(destination, chosen)
+
+
 def on_version_apply(
     ctx: MigrationContext,
     step: MigrationInfo,
@@ -126,9 +172,4 @@ def on_version_apply(
         f"{revision} ({_sa_jobs_branch(script, revision) or 'yours'})"
         for revision in step.up_revision_ids
     )
-    raise CommandError(
-        f"'alembic downgrade {destination}' is ambiguous with several heads (Alembic chose "
-        f"{chosen}); nothing was downgraded. Name the branch: "
-        f"'alembic downgrade <your_branch_label>@{destination}' for your own revisions, "
-        f"'alembic downgrade {CORE_BRANCH}@base' to remove sa_jobs."
-    )
+    raise _ambiguous_downgrade(destination, chosen)

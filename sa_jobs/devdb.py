@@ -24,9 +24,9 @@ import attrs
 from sqlalchemy import URL, create_engine, make_url, text
 from sqlalchemy.exc import OperationalError
 
-from sa_jobs.urls import ASYNC_FORMS, SYNC_FORMS, in_driver
+from sa_jobs.urls import ASYNC_FORMS, SYNC_FORMS, in_driver, require_postgresql
 
-__all__ = ["Server", "find_server", "throwaway_database"]
+__all__ = ["Server", "find_server", "running_server", "throwaway_database"]
 
 LOCAL_SERVER_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 URL_VARIABLES = ("SA_JOBS_DATABASE_URL", "DATABASE_URL")
@@ -56,11 +56,17 @@ _KNOWN_DRIVERS = frozenset({"psycopg2", "pg8000", *SYNC_FORMS, *ASYNC_FORMS.valu
 
 def normalize_url(raw: str) -> URL:
     """Accept ``postgres://``, ``postgresql://`` and any supported driver's URL (an
-    async app's ``postgresql+asyncpg://`` included) and use the psycopg 3 driver."""
+    async app's ``postgresql+asyncpg://`` included) and use the psycopg 3 driver.
+
+    Raises:
+        InvalidOptionsError: a URL of another database (``mysql://``, ``sqlite://``).
+        sqlalchemy.exc.ArgumentError: not a URL at all.
+    """
     url = make_url(raw)
     if url.drivername == "postgres":
         url = url.set(drivername="postgresql")
-    if url.get_backend_name() != "postgresql" or url.get_driver_name() not in _KNOWN_DRIVERS:
+    require_postgresql(url, "the database URL")
+    if url.get_driver_name() not in _KNOWN_DRIVERS:
         return url  # SQLAlchemy's own error names what it does not know
     return in_driver(url, "psycopg")
 
@@ -72,6 +78,21 @@ def find_server(*, allow_embedded: bool = True) -> Server:
     """
     if allow_embedded and embedded_forced():
         return start_embedded()
+    server = running_server()
+    if server is not None:
+        return server
+    if not allow_embedded:
+        raise RuntimeError(
+            "no PostgreSQL found: set SA_JOBS_DATABASE_URL, or start a server on 127.0.0.1:5432"
+        )
+    return start_embedded()
+
+
+def running_server() -> Server | None:
+    """The server :func:`find_server` takes before it would start an embedded one: the
+    configured URL, else the local server if it answers; None when neither is there.
+    Starts nothing (the test suite names its server in its header this way, and starts
+    the embedded one only when a test needs a database)."""
     for variable in URL_VARIABLES:
         raw = os.environ.get(variable)
         if raw:
@@ -80,11 +101,7 @@ def find_server(*, allow_embedded: bool = True) -> Server:
     local = make_url(LOCAL_SERVER_URL)
     if _reachable(local):
         return Server(local, "the local server at 127.0.0.1:5432")
-    if not allow_embedded:
-        raise RuntimeError(
-            "no PostgreSQL found: set SA_JOBS_DATABASE_URL, or start a server on 127.0.0.1:5432"
-        )
-    return start_embedded()
+    return None
 
 
 def embedded_forced() -> bool:

@@ -14,6 +14,12 @@ from datetime import timedelta as _timedelta
 from sa_jobs.durations import MAX_DELAY, delay_seconds
 
 
+def a_or_an(noun: str) -> str:
+    """``noun`` with its indefinite article, for messages that name a type: "an Engine",
+    "an int", "a str" (by the first letter; type names rarely need better)."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
+
+
 class SaJobsError(Exception):
     """The root of every sa_jobs error."""
 

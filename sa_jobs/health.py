@@ -13,22 +13,32 @@ grows the backlog, which makes more dead rows: the "death spiral" of River #59,
 procrastinate #1454 and PlanetScale's write-up. No peer checks for it;
 :func:`check_health` does. The figures are read by :mod:`sa_jobs.horizon` (which also
 says what a role without ``pg_monitor`` can see).
+
+It also judges the mistake that fails silently: a queue with available jobs that no
+live worker serves (:func:`sa_jobs.queues.unserved_queues`) — a handler's kind that
+defaults to a queue its worker was not told to work, a typo in ``-q``, a worker type
+that is down. Those jobs wait forever and nothing fails, so the check warns once the
+oldest of them has waited ``unserved_age_warning`` (default 60 s: long enough that a
+worker starting up or a job inserted a moment ago is no finding).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from sa_jobs import horizon
 from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.horizon import HOLDERS_LISTED, DeadTuples, HolderKind, HorizonHolder
+from sa_jobs.job_counts import oldest_available
 from sa_jobs.option_checks import check_positive_count
+from sa_jobs.queues import unserved_queues
 from sa_jobs.sessions import either_session
 
 __all__ = [
@@ -89,6 +99,10 @@ class HealthThresholds:
             table's autovacuum trigger (see :func:`dead_tuple_limits`).
         dead_tuples_critical: Default 1,000,000; likewise against ``TRIGGER_CRITICAL``
             times the trigger.
+        unserved_age_warning: A queue that no live worker serves (and that is not
+            paused) has had an available job waiting this long. Default 60 s: a job
+            inserted a moment ago, or a worker still starting, is no finding. A warning
+            only: nothing is lost, but nothing happens either.
     """
 
     xmin_age_warning: dt.timedelta = dt.timedelta(minutes=5)
@@ -97,9 +111,11 @@ class HealthThresholds:
     xmin_xids_critical: int = 1_000_000
     dead_tuples_warning: int = 200_000
     dead_tuples_critical: int = 1_000_000
+    unserved_age_warning: dt.timedelta = dt.timedelta(seconds=60)
 
     def __attrs_post_init__(self) -> None:
         _positive_duration("xmin_age_warning", self.xmin_age_warning)
+        _positive_duration("unserved_age_warning", self.unserved_age_warning)
         _positive_duration("xmin_age_critical", self.xmin_age_critical)
         for name in ("xmin_xids", "dead_tuples"):
             check_positive_count(f"{name}_warning", getattr(self, f"{name}_warning"))
@@ -167,6 +183,11 @@ class Health:
             rows (0 when nothing holds it).
         xmin_age: How long the oldest open transaction (or prepared one) holding the
             horizon has been open; None when none does.
+        unserved_queues: Each queue with available jobs that no live worker serves
+            (heartbeat within the rescuer's default 60 s) and that is not paused, with
+            how long its oldest available job has waited; judged against
+            ``unserved_age_warning``. None when the role may not read ``sa_job`` and
+            ``sa_job_worker`` (that part of the check is then skipped).
     """
 
     level: HealthLevel
@@ -178,18 +199,33 @@ class Health:
     thresholds: HealthThresholds
     xmin_xid_age: int
     xmin_age: dt.timedelta | None
+    unserved_queues: Mapping[str, dt.timedelta] | None = attrs.field(factory=dict)
 
 
 # ---------------------------------------------------------------------- reading
-def read_health(connection: Connection, thresholds: HealthThresholds | None = None) -> Health:
-    """Read the health figures on ``connection`` and judge them (see :func:`check_health`)."""
+def read_health(
+    connection: Connection,
+    thresholds: HealthThresholds | None = None,
+    *,
+    available: Mapping[str, dt.timedelta] | None = None,
+) -> Health:
+    """Read the health figures on ``connection`` and judge them (see :func:`check_health`).
+
+    ``available`` is :func:`~sa_jobs.job_counts.oldest_available`'s answer when the
+    caller has read it already (``stats()``); otherwise it is read here.
+    """
     thresholds = thresholds or HealthThresholds()
     holders = horizon.horizon_holders(connection)
     sees_all = horizon.sees_all_sessions(connection)
     oldest = horizon.oldest_xid_age(connection)
     dead = horizon.dead_tuples(connection)
+    unserved = _unserved(connection, available)
     level, findings = evaluate(
-        holders, dead, thresholds, oldest_xid_age=None if sees_all else oldest
+        holders,
+        dead,
+        thresholds,
+        oldest_xid_age=None if sees_all else oldest,
+        unserved=unserved or {},
     )
     return Health(
         level=level,
@@ -203,16 +239,40 @@ def read_health(connection: Connection, thresholds: HealthThresholds | None = No
         xmin_age=max(
             (h.age for h in holders if h.holds_job_rows and h.age is not None), default=None
         ),
+        unserved_queues=unserved,
     )
+
+
+#: ``insufficient_privilege``: the role may not read the job or worker tables.
+_NO_PRIVILEGE = "42501"
+
+
+def _unserved(
+    connection: Connection, available: Mapping[str, dt.timedelta] | None
+) -> dict[str, dt.timedelta] | None:
+    """The unserved queues; None when the role may not read the tables that tell (the
+    rest of the health check needs only PostgreSQL's views, and works for any role)."""
+    if available is not None:
+        return unserved_queues(connection, available)
+    try:
+        with connection.begin_nested():  # a refusal must not abort the caller's transaction
+            return unserved_queues(connection, oldest_available(connection))
+    except DBAPIError as exc:
+        code = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+        if code != _NO_PRIVILEGE:
+            raise
+        return None
 
 
 @either_session
 def check_health(session: Session, thresholds: HealthThresholds | None = None) -> Health:
-    """The health of the queue's database: what holds the xmin horizon back, and how
-    many dead rows ``sa_job`` carries, judged by ``thresholds`` (defaults:
-    :class:`HealthThresholds`). Reads only; a few catalog queries, fast on any table.
+    """The health of the queue's database: what holds the xmin horizon back, how many
+    dead rows ``sa_job`` carries, and which queues have available jobs that no live worker
+    serves, judged by ``thresholds`` (defaults: :class:`HealthThresholds`). Reads only; a
+    few catalog queries and one descent of the fetch index per queue, fast on any table.
 
-    Works for any role; see the module for what needs ``pg_monitor``.
+    Works for any role; see the module for what needs ``pg_monitor``. A role that may
+    not read ``sa_job`` and ``sa_job_worker`` gets no unserved-queue figures (None).
     """
     return read_health(session.connection(), thresholds)
 
@@ -242,11 +302,13 @@ def evaluate(
     thresholds: HealthThresholds,
     *,
     oldest_xid_age: int | None = None,
+    unserved: Mapping[str, dt.timedelta] | None = None,
 ) -> tuple[HealthLevel, tuple[Finding, ...]]:
     """Judge the figures: one finding per threshold crossed, the worst level first.
 
     ``oldest_xid_age`` (given when the role cannot see other roles' sessions) is judged
-    like a holder's age in transaction ids.
+    like a holder's age in transaction ids. ``unserved`` maps each queue that no live
+    worker serves to how long its oldest available job has waited.
     """
     t = thresholds
     findings: list[Finding] = []
@@ -315,6 +377,19 @@ def evaluate(
                     f"({level.value} at {limit:,}{_trigger_note(dead)}); last vacuumed "
                     f"{vacuumed.isoformat(timespec='seconds') if vacuumed else 'never'}: "
                     "check that autovacuum runs and that nothing holds the xmin horizon",
+                )
+            )
+    for queue, waited in (unserved or {}).items():
+        if waited >= t.unserved_age_warning:
+            findings.append(
+                Finding(
+                    HealthLevel.WARNING,
+                    "unserved_queue",
+                    f"queue {queue!r} has had an available job waiting for {_minutes(waited)} "
+                    f"and no live worker serves it (warning at {_minutes(t.unserved_age_warning)})"
+                    f": its jobs wait until one does; start a worker for it (sa-jobs work "
+                    f"MODULE:WORKER -q {queue}=N, or Worker(engine, queues={{{queue!r}: N}})) "
+                    "or pause it",
                 )
             )
     findings.sort(key=lambda finding: finding.level.rank, reverse=True)

@@ -28,7 +28,11 @@ from any process, so scrape one):
 * ``sa_jobs_queue_oldest_available_seconds{queue}`` — how long the oldest available job
   of each queue has been due;
 * ``sa_jobs_queue_paused{queue}`` — 1 for a paused queue, 0 for one resumed (with the
-  ``sa_jobs_queue`` branch), so an oldest-age alert can leave paused queues out.
+  ``sa_jobs_queue`` branch), so an oldest-age alert can leave paused queues out;
+* ``sa_jobs_queue_unserved{queue}`` — for each queue with available jobs, 1 when no
+  live worker serves it (none lists it in a heartbeat younger than the rescuer's default
+  60 s) and it is not paused, else 0: its jobs wait until a worker serves it
+  (:func:`sa_jobs.queues.unserved_queues`, as ``sa-jobs health`` judges it).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from sa_jobs.job_counts import (
     oldest_available,
 )
 from sa_jobs.models import Job, JobQueue
+from sa_jobs.queues import unserved_queues
 from sa_jobs.schema import Features
 from sa_jobs.states import InsertAction, JobState
 
@@ -133,12 +138,14 @@ class PrometheusMetrics(InsertHook, WorkHook):
 @attrs.frozen
 class QueueFigures:
     """What one scrape reads: the counts (:class:`~sa_jobs.job_counts.StateCounts`),
-    the oldest available age per queue (seconds), and which queues are paused (None
-    without the ``sa_jobs_queue`` branch)."""
+    the oldest available age per queue (seconds), which queues are paused (None
+    without the ``sa_jobs_queue`` branch), and which of the queues with available jobs
+    no live worker serves."""
 
     counts: StateCounts
     oldest: Mapping[str, float]
     paused: Mapping[str, bool] | None
+    unserved: frozenset[str] = frozenset()
 
 
 def read_queues(connection: Connection, exact_limit: int = EXACT_LIMIT) -> QueueFigures:
@@ -161,6 +168,7 @@ def read_queues(connection: Connection, exact_limit: int = EXACT_LIMIT) -> Queue
         counts=counts,
         oldest={queue: age.total_seconds() for queue, age in oldest.items()},
         paused=paused,
+        unserved=frozenset(unserved_queues(connection, oldest)),
     )
 
 
@@ -185,7 +193,7 @@ class QueueCollector(Collector):
         return list(self._families())
 
     def collect(self) -> Iterator[Metric]:
-        depth, estimated, oldest, paused = self._families()
+        depth, estimated, oldest, paused, unserved = self._families()
         try:
             with self.engine.begin() as connection:
                 connection.execute(
@@ -205,15 +213,16 @@ class QueueCollector(Collector):
             oldest.add_metric([queue], seconds)
         for queue, is_paused in sorted((found.paused or {}).items()):
             paused.add_metric([queue], 1 if is_paused else 0)
+        for queue in sorted(found.oldest):
+            unserved.add_metric([queue], 1 if queue in found.unserved else 0)
         yield depth
         yield estimated
         yield oldest
         if found.paused is not None:
             yield paused
+        yield unserved
 
-    def _families(
-        self,
-    ) -> tuple[GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily, GaugeMetricFamily]:
+    def _families(self) -> tuple[GaugeMetricFamily, ...]:
         return (
             GaugeMetricFamily(
                 f"{self.namespace}_queue_jobs",
@@ -233,6 +242,11 @@ class QueueCollector(Collector):
             GaugeMetricFamily(
                 f"{self.namespace}_queue_paused",
                 "1 for a paused queue, 0 for one resumed (queues ever paused).",
+                labels=["queue"],
+            ),
+            GaugeMetricFamily(
+                f"{self.namespace}_queue_unserved",
+                "1 for a queue with available jobs that no live worker serves (not paused).",
                 labels=["queue"],
             ),
         )

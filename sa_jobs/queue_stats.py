@@ -1,6 +1,7 @@
 """``sa_jobs.stats(session)``: how many jobs each queue holds in each state, how long the
-oldest available one has waited, what each worker runs, which sequences are halted, and
-the health figures of :mod:`sa_jobs.health`.
+oldest available one has waited, what each worker runs, which sequences are halted,
+which queues have available jobs that no live worker serves, and the health figures of
+:mod:`sa_jobs.health`.
 
 It must stay fast on a table of 10 million finished jobs, and during a backlog of
 millions of available ones: every state is counted by :mod:`sa_jobs.job_counts` — exactly
@@ -129,7 +130,14 @@ class Stats:
         workers: Registered worker processes and workers with running jobs, by id.
         leader: The worker running maintenance now; None when no lease is held.
         halted_sequences: None when the sequence branch is not installed.
-        health: The xmin horizon, its holders, and dead rows: :class:`~sa_jobs.health.Health`.
+        health: The xmin horizon, its holders, dead rows and unserved queues:
+            :class:`~sa_jobs.health.Health`.
+        unserved_queues: The queues with available jobs that no live worker serves
+            (none lists it in a heartbeat younger than the rescuer's default 60 s) and
+            that are not paused, by name: their jobs wait until a worker serves them.
+            How long each has waited is its ``oldest_available_age``;
+            ``health.unserved_queues`` has the same, and the health check warns past
+            ``HealthThresholds.unserved_age_warning``.
     """
 
     taken_at: dt.datetime
@@ -141,6 +149,7 @@ class Stats:
     leader: str | None
     halted_sequences: HaltedSequences | None
     health: Health
+    unserved_queues: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------------- counting
@@ -257,7 +266,8 @@ def stats(
     thresholds: HealthThresholds | None = None,
 ) -> Stats:
     """Counts per queue and state, the oldest available job's age, running jobs by
-    worker, halted sequences and the health figures, read in ``session``.
+    worker, halted sequences, the queues no live worker serves and the health figures,
+    read in ``session``.
 
     Args:
         session: A ``Session`` or ``AsyncSession`` (then await the result).
@@ -295,6 +305,7 @@ def stats(
         )
         for name in sorted(counts)
     }
+    health = read_health(connection, thresholds, available=oldest)
     return Stats(
         taken_at=taken_at,
         queues=queues,
@@ -304,7 +315,8 @@ def stats(
         workers=_workers(connection),
         leader=_leader(connection),
         halted_sequences=_halted_sequences(connection) if features.sequence else None,
-        health=read_health(connection, thresholds),
+        health=health,
+        unserved_queues=tuple(health.unserved_queues or ()),
     )
 
 

@@ -19,16 +19,35 @@ check a name against. A queue is *known* when a job is in it, a worker process s
 filtering on any other name raises :class:`~sa_jobs.errors.UnknownQueueError` before
 anything is written: a typo must not silently pause nothing. To pause a queue before its
 first job or worker exists, pass ``allow_unknown=True``.
+
+**Served queues.** A queue is *served* while a live worker process lists it in its
+heartbeat row; live means a heartbeat within :data:`LIVE_WORKER_WINDOW` (the rescuer's
+default ``rescue_after``: past it the rescuer takes the process for gone). A queue with
+available jobs that no live worker serves, and that is not paused, is *unserved*: its
+jobs wait until a worker serves it (:func:`unserved_queues`, which ``stats()``,
+``check_health()`` and the Prometheus gauges report).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
-from sqlalchemy import Text, any_, bindparam, exists, func, null, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Text,
+    any_,
+    bindparam,
+    exists,
+    func,
+    null,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.orm import InstrumentedAttribute, Session
 from sqlalchemy.sql.expression import ColumnElement
@@ -38,15 +57,25 @@ from sa_jobs.models import Job, JobQueue, WorkerProcess
 from sa_jobs.option_checks import check_queue
 from sa_jobs.schema import CONTROL_CHANNEL, QUEUE_BRANCH, Features, translate_missing_schema
 from sa_jobs.sessions import either_session
+from sa_jobs.sql import seconds_interval
 
 __all__ = [
+    "LIVE_WORKER_WINDOW",
     "QueueState",
     "check_known_queues",
     "pause_queue",
+    "paused_queue_names",
     "queue_not_paused",
     "queue_states",
     "resume_queue",
+    "served_queues",
+    "unknown_queues",
+    "unserved_queues",
 ]
+
+#: A worker process whose heartbeat is older than this no longer serves its queues: the
+#: rescuer's default ``rescue_after`` (``MaintenanceConfig``; a test keeps them equal).
+LIVE_WORKER_WINDOW = dt.timedelta(seconds=60)
 
 
 @attrs.frozen
@@ -87,16 +116,14 @@ def _require_branch(session: Session, function: str) -> None:
         )
 
 
-def check_known_queues(session: Session, queues: list[str]) -> None:
-    """Raise for the first of ``queues`` that nothing names (see the module).
+def unknown_queues(connection: Connection, queues: Iterable[str]) -> list[str]:
+    """The ones of ``queues`` that nothing names (see the module), in the given order.
 
     Cheap lookups first (a control row, a worker's heartbeat row); the job table last, so
     only a queue that really is unknown costs a scan of it.
-
-    Raises:
-        UnknownQueueError: a queue no job, worker or control row names.
     """
-    features = Features.of(session.connection())
+    features = Features.of(connection)
+    unknown = []
     for queue in queues:
         name = bindparam("queue_name", queue, type_=Text)
         known = [exists().where(name == any_(WorkerProcess.queues))]
@@ -104,9 +131,63 @@ def check_known_queues(session: Session, queues: list[str]) -> None:
             known.insert(0, exists().where(JobQueue.name == name))
         known.append(exists().where(Job.queue == name))
         with translate_missing_schema():
-            found = session.scalar(select(or_(*known)))
+            found = connection.scalar(select(or_(*known)))
         if not found:
-            raise UnknownQueueError(queue)
+            unknown.append(queue)
+    return unknown
+
+
+def check_known_queues(session: Session, queues: list[str], hint: str = "") -> None:
+    """Raise for the first of ``queues`` that nothing names (see the module); ``hint``
+    ends the message (what else the caller could do).
+
+    Raises:
+        UnknownQueueError: a queue no job, worker or control row names.
+    """
+    unknown = unknown_queues(session.connection(), queues)
+    if unknown:
+        raise UnknownQueueError(unknown[0], hint)
+
+
+def served_queues(
+    connection: Connection,
+    *,
+    live_within: dt.timedelta = LIVE_WORKER_WINDOW,
+    except_worker: str | None = None,
+) -> set[str]:
+    """The queues that live worker processes serve (a heartbeat within ``live_within``),
+    leaving out the process ``except_worker`` (a worker asking about the others)."""
+    conditions = [
+        WorkerProcess.heartbeat_at > func.now() - seconds_interval(live_within.total_seconds())
+    ]
+    if except_worker is not None:
+        conditions.append(WorkerProcess.id != except_worker)
+    served = select(func.unnest(WorkerProcess.queues)).where(*conditions).distinct()
+    return set(connection.scalars(served))
+
+
+def paused_queue_names(connection: Connection) -> set[str]:
+    """The queues paused now; none without the ``sa_jobs_queue`` branch."""
+    if not Features.of(connection).queue:
+        return set()
+    return set(connection.scalars(select(JobQueue.name).where(JobQueue.paused_at.is_not(None))))
+
+
+def unserved_queues(
+    connection: Connection,
+    oldest_available: Mapping[str, dt.timedelta],
+    *,
+    live_within: dt.timedelta = LIVE_WORKER_WINDOW,
+) -> dict[str, dt.timedelta]:
+    """The queues of ``oldest_available`` (queue -> how long its oldest available job has
+    been due, :func:`sa_jobs.job_counts.oldest_available`) that no live worker serves and
+    that are not paused, with that age. A paused queue is left out: its jobs wait on
+    purpose."""
+    if not oldest_available:
+        return {}
+    left = set(oldest_available) - served_queues(connection, live_within=live_within)
+    left -= paused_queue_names(connection) if left else set()
+    return {queue: oldest_available[queue] for queue in sorted(left)}
 
 
 def _notify(session: Session, action: str, queue: str) -> None:
@@ -116,6 +197,11 @@ def _notify(session: Session, action: str, queue: str) -> None:
 
 def _state(row: Any) -> QueueState:
     return QueueState(name=row.name, paused_at=row.paused_at, updated_at=row.updated_at)
+
+
+#: How to pause a queue before anything names it (``sa-jobs queue pause`` says
+#: ``--allow-unknown`` instead).
+ALLOW_UNKNOWN_HINT = "or pass allow_unknown=True to pause it before any job or worker names it"
 
 
 @either_session
@@ -140,7 +226,7 @@ def pause_queue(session: Session, queue: str, *, allow_unknown: bool = False) ->
     check_queue(queue)
     _require_branch(session, "pause_queue")
     if not allow_unknown:
-        check_known_queues(session, [queue])
+        check_known_queues(session, [queue], ALLOW_UNKNOWN_HINT)
     statement = pg_insert(JobQueue).values(name=queue, paused_at=func.now())
     statement = statement.on_conflict_do_update(
         index_elements=[JobQueue.name],

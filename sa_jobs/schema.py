@@ -10,20 +10,26 @@ a version table of their own, ``sa_jobs_alembic_version``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import attrs
-from alembic import command
-from alembic.config import Config
-from sqlalchemy import Connection, Engine, column, event, func, select, text
+from sqlalchemy import Connection, Engine, Text, bindparam, column, event, func, select, text
+from sqlalchemy import table as sql_table
 from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import ProgrammingError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from sa_jobs.errors import InvalidOptionsError, SchemaManagedElsewhereError, SchemaMissingError
+from sa_jobs.urls import require_postgresql
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 __all__ = ["BRANCHES", "CORE_BRANCH", "VERSION_TABLE", "Features", "downgrade", "migrate"]
 
@@ -77,8 +83,38 @@ VERSION_TABLE = "sa_jobs_alembic_version"
 MIGRATION_LOCK_KEY = 0x5A_10B5_0000_0001
 
 
+@contextlib.contextmanager
+def quiet_alembic_import() -> Iterator[None]:
+    """Import Alembic without its seven "setup plugin alembic.autogenerate…" INFO lines.
+
+    Alembic logs one per built-in plugin the first time any of its modules is imported;
+    an application logging at INFO would see them at ``import sa_jobs`` (or at its first
+    ``migrate()``) and wonder what ran. Only that logger, only during the import: its
+    later messages, and every other Alembic logger, are left as configured.
+    """
+    logger = logging.getLogger("alembic.runtime.plugins")
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _alembic_command() -> ModuleType:
+    # Imported here, not at the top: ``import sa_jobs`` needs no Alembic (faster, and
+    # quiet), only installing the schema does.
+    with quiet_alembic_import():
+        from alembic import command
+
+    return command
+
+
 def alembic_config(connection: Connection, version_table: str = VERSION_TABLE) -> Config:
     """An Alembic config that runs sa_jobs' scripts on ``connection``."""
+    with quiet_alembic_import():
+        from alembic.config import Config
+
     config = Config()
     # The scripts are in script_location's own versions/ directory, Alembic's default, so
     # no version_locations: Alembic splits that option on a separator (":" with
@@ -98,7 +134,7 @@ def migrate(bind: Engine | Connection, target: str = "heads") -> None:
     """
     with _locked_connection(bind) as connection:
         _refuse_if_managed_elsewhere(connection)
-        command.upgrade(alembic_config(connection), target)
+        _alembic_command().upgrade(alembic_config(connection), target)
 
 
 def _refuse_if_managed_elsewhere(connection: Connection) -> None:
@@ -121,10 +157,50 @@ def _refuse_if_managed_elsewhere(connection: Connection) -> None:
 
 
 def downgrade(bind: Engine | Connection, target: str) -> None:
-    """Downgrade to ``target`` (``"base"`` removes everything sa_jobs installed)."""
+    """Downgrade to ``target`` (``"base"`` removes everything sa_jobs installed).
+
+    Raises:
+        InvalidOptionsError: a bare relative target (``"-1"``) while several branches
+            are installed: Alembic would pick one of them itself. Name the branch
+            (``"sa_jobs_unique@-1"``). Refused before Alembic runs, so nothing changes.
+    """
     with _locked_connection(bind) as connection:
         _refuse_if_managed_elsewhere(connection)
-        command.downgrade(alembic_config(connection), target)
+        _refuse_ambiguous_relative(connection, target)
+        _alembic_command().downgrade(alembic_config(connection), target)
+
+
+#: A downgrade target that counts steps without saying on which branch (``-1``, ``-2``).
+_BARE_RELATIVE = re.compile(r"-\d+")
+
+
+def _refuse_ambiguous_relative(connection: Connection, target: str) -> None:
+    """``-1`` with several heads recorded: Alembic would choose a branch (only warning
+    that this will stop working), possibly not the one meant. Checked with a plain query
+    of the version table, before Alembic logs a "Running downgrade" it would not finish."""
+    if not _BARE_RELATIVE.fullmatch(target.strip()):
+        return
+    heads = recorded_versions(connection)
+    if len(heads) < 2:
+        return
+    raise InvalidOptionsError(
+        "target",
+        f"{target!r} is ambiguous with {len(heads)} sa_jobs branches installed "
+        f"(Alembic would pick one); nothing was downgraded. Name the branch, e.g. "
+        f"'{UNIQUE_BRANCH}@{target.strip()}', or '{CORE_BRANCH}@base' to remove sa_jobs "
+        "(`sa-jobs migrate --status` lists the branches)",
+    )
+
+
+def recorded_versions(connection: Connection, version_table: str = VERSION_TABLE) -> list[str]:
+    """The revisions ``version_table`` records (none if it does not exist), read with a
+    plain query: Alembic's own reader logs two INFO lines per look."""
+    name = bindparam("version_table", version_table, type_=Text)
+    exists = connection.scalar(select(func.to_regclass(name).is_not(None)))
+    if not exists:
+        return []
+    table = sql_table(version_table, column("version_num"))
+    return sorted(connection.scalars(select(table.c.version_num)))
 
 
 @contextlib.contextmanager
@@ -137,6 +213,8 @@ def _locked_connection(bind: Engine | Connection) -> Iterator[Connection]:
             "run `async with engine.begin() as connection: await "
             "connection.run_sync(sa_jobs.migrate)`, or use `sa-jobs migrate`",
         )
+    # Before the advisory lock, which another database would fail on with a traceback.
+    require_postgresql(bind, "bind")
     if isinstance(bind, Connection):
         bind.execute(select(func.pg_advisory_xact_lock(MIGRATION_LOCK_KEY)))
         yield bind

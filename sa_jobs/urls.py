@@ -7,13 +7,20 @@ gives a sync engine. Switching a URL's driver must also translate the query para
 that only one driver knows, or the other refuses to connect: asyncpg's ``ssl=`` is
 libpq's ``sslmode=``, and asyncpg's statement-cache and timeout settings mean nothing to
 libpq (psycopg 3 and psycopg2 share libpq's parameters, so between them nothing changes).
+
+It also refuses, in one line, a URL or an engine of another database (``mysql://``,
+``sqlite://``): everything in sa_jobs is PostgreSQL's SQL, which another database would
+refuse later with a traceback about ``pg_advisory_xact_lock`` or ``information_schema``.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import URL
+from sqlalchemy import URL, Connection, Engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-__all__ = ["ASYNC_FORMS", "SYNC_FORMS", "in_driver"]
+from sa_jobs.errors import InvalidOptionsError
+
+__all__ = ["ASYNC_FORMS", "SYNC_FORMS", "in_driver", "require_postgresql"]
 
 #: The async driver a sync URL is switched to (async handlers' sessions).
 ASYNC_FORMS = {"psycopg": "psycopg_async", "psycopg2": "psycopg_async", "pg8000": "psycopg_async"}
@@ -54,3 +61,28 @@ def in_driver(url: URL, driver: str) -> URL:
             query["sslmode"] = _SSL_TO_SSLMODE.get(ssl.lower(), ssl)
         query = {key: value for key, value in query.items() if key not in _ASYNCPG_ONLY}
     return url.set(drivername=f"{url.get_backend_name()}+{driver}", query=query)
+
+
+#: What a URL's backend is called for PostgreSQL (``postgres://`` is Heroku's spelling).
+_POSTGRESQL_NAMES = frozenset({"postgresql", "postgres"})
+
+
+def require_postgresql(
+    target: URL | Engine | AsyncEngine | Connection | AsyncConnection, option: str
+) -> None:
+    """Refuse a URL or engine of another database before anything connects through it.
+
+    Args:
+        target: A URL, an engine or a connection.
+        option: What the caller calls it, for the message (``engine``, ``bind``…).
+
+    Raises:
+        InvalidOptionsError: ``target`` is not PostgreSQL.
+    """
+    backend = target.get_backend_name() if isinstance(target, URL) else target.dialect.name
+    if backend not in _POSTGRESQL_NAMES:
+        raise InvalidOptionsError(
+            option,
+            f"sa_jobs needs PostgreSQL (14 or newer), not {backend}; "
+            "give it a postgresql:// URL, e.g. postgresql+psycopg://user@host:5432/dbname",
+        )

@@ -166,6 +166,13 @@ def seed_live(engine: Engine) -> None:
             scheduled_at=dt.datetime.now(dt.UTC) + dt.timedelta(hours=3),
             tags=["reminder"],
         )
+        # A queue no worker serves (the overview highlights it): its jobs wait for good.
+        sa_jobs.insert_many(
+            session,
+            [ResizeImage(f"exports/page-{n}.png") for n in range(4)],
+            queue="exports",
+            scheduled_at=dt.datetime.now(dt.UTC) - dt.timedelta(minutes=12),
+        )
 
 
 def seed_periodic(engine: Engine) -> None:

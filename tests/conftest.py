@@ -14,7 +14,7 @@ from sqlalchemy import URL, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from sa_jobs.cli import main
-from sa_jobs.devdb import Server, find_server
+from sa_jobs.devdb import Server, embedded_forced, find_server, running_server
 from tests.factories import clear_workers_and_leader
 from tests.helpers import (
     CliRun,
@@ -27,11 +27,46 @@ from tests.helpers import (
 )
 from tests.pgbouncer import PgBouncer, running_pgbouncer
 
+#: The server the header named (None: the embedded one, started by the first test that
+#: needs a database); absent when the header was not shown (``-q``).
+_HEADER_SERVER = pytest.StashKey[Server | None]()
+#: The server this run used, for the summary line of a ``-q`` run.
+_USED_SERVER = pytest.StashKey[Server]()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    """Say which PostgreSQL the run uses, first thing (the README promises it); an
+    embedded one is only announced here, and started when a test first needs it."""
+    try:
+        forced = embedded_forced()
+    except ValueError as exc:
+        return f"sa_jobs tests cannot choose a PostgreSQL: {exc}"  # pg_server fails with it
+    if forced:
+        config.stash[_HEADER_SERVER] = None
+        return "sa_jobs tests use an embedded PostgreSQL ($SA_JOBS_EMBEDDED), started on demand"
+    server = config.stash[_HEADER_SERVER] = running_server()
+    if server is None:
+        return (
+            "sa_jobs tests use an embedded PostgreSQL (no $SA_JOBS_DATABASE_URL, nothing on "
+            "127.0.0.1:5432), started on demand"
+        )
+    return f"sa_jobs tests use {server.source}"
+
+
+def pytest_terminal_summary(
+    terminalreporter: pytest.TerminalReporter, config: pytest.Config
+) -> None:
+    """Say it at the end too when the header did not (``-q``), or did not know it yet
+    (an embedded server started on demand, in a directory of its own)."""
+    server = config.stash.get(_USED_SERVER, None)
+    if server is not None and config.stash.get(_HEADER_SERVER, None) is None:
+        terminalreporter.write_line(f"sa_jobs tests used {server.source}")
+
 
 @pytest.fixture(scope="session")
-def pg_server() -> Iterator[Server]:
-    server = find_server()
-    print(f"\nsa_jobs tests use {server.source}")
+def pg_server(pytestconfig: pytest.Config) -> Iterator[Server]:
+    server = pytestconfig.stash.get(_HEADER_SERVER, None) or find_server()
+    pytestconfig.stash[_USED_SERVER] = server
     yield server
     server.stop()
 

@@ -18,13 +18,13 @@ import sys
 from collections.abc import Sequence
 
 from alembic.util import CommandError as AlembicCommandError
-from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError, OperationalError
+from sqlalchemy.exc import DBAPIError, NoSuchModuleError, OperationalError
 
 import sa_jobs
 from sa_jobs import demo
 from sa_jobs.cli import bench, dashboard, jobs, migrate, periodic, queues, settings, stats, work
-from sa_jobs.cli.common import CommandError, Parser, first_line
-from sa_jobs.devdb import Server, normalize_url
+from sa_jobs.cli.common import CommandError, Parser, connection_failure, first_line, parse_url
+from sa_jobs.devdb import Server
 from sa_jobs.errors import SaJobsError
 
 __all__ = ["CommandError", "main"]
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except NoSuchModuleError as exc:
         _fail(f"unknown database driver in the URL ({first_line(exc)})")
     except OperationalError as exc:
-        _fail(f"cannot reach the database: {first_line(exc.orig or exc)}")
+        _fail(connection_failure(exc))
     except DBAPIError as exc:
         _fail(f"the database refused: {first_line(exc.orig or exc)}")
     except KeyboardInterrupt:
@@ -105,10 +105,7 @@ def _parser() -> argparse.ArgumentParser:
 def _demo(options: argparse.Namespace) -> int:
     server = None
     if options.url:
-        try:
-            url = normalize_url(options.url)
-        except (ArgumentError, ValueError):
-            raise CommandError("the database URL cannot be parsed") from None
+        url = parse_url(options.url)
         server = Server(url, f"--url ({url.render_as_string(hide_password=True)})")
     demo.run(server=server)
     return 0

@@ -10,13 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy.exc import ArgumentError
-
 from sa_jobs.benchmark import BenchSettings, run
 from sa_jobs.cli import settings
-from sa_jobs.cli.common import CommandError, UsageError
+from sa_jobs.cli.common import CommandError, UsageError, parse_url
 from sa_jobs.cli.work import queues_from
-from sa_jobs.devdb import Server, find_server, normalize_url
+from sa_jobs.devdb import Server, find_server
 
 __all__ = ["add_command"]
 
@@ -175,13 +173,7 @@ def _server(raw: str | None) -> tuple[Server, bool]:
             return find_server(), True
         except (RuntimeError, ValueError) as exc:
             raise CommandError(str(exc)) from None
-    try:
-        url = normalize_url(raw)
-    except (ArgumentError, ValueError):
-        # Not echoed: a URL may hold a password.
-        raise CommandError(
-            "the database URL cannot be parsed; expected e.g. postgresql://user@host:5432/dbname"
-        ) from None
+    url = parse_url(raw)
     return Server(url, url.render_as_string(hide_password=True)), False
 
 

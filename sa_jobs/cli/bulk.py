@@ -9,15 +9,24 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
-from sa_jobs.bulk import DEFAULT_BATCH_SIZE, MAX_BATCH_SIZE, BulkResult, cancel_jobs, delete_jobs
+from sa_jobs.bulk import (
+    DEFAULT_BATCH_SIZE,
+    MAX_BATCH_SIZE,
+    BulkResult,
+    JobFilter,
+    cancel_jobs,
+    delete_jobs,
+)
 from sa_jobs.bulk import retry_jobs as retry_jobs_
 from sa_jobs.cli import settings
 from sa_jobs.cli.common import UsageError
+from sa_jobs.errors import UnknownKindError, UnknownQueueError
 from sa_jobs.schema import translate_missing_schema
 from sa_jobs.states import JobState
 
@@ -28,6 +37,7 @@ __all__ = [
     "describe",
     "has_filter",
     "run_filtered",
+    "unknown_names",
 ]
 
 #: The namespace attributes the filter options set.
@@ -144,6 +154,24 @@ def run_filtered(engine: Engine, operation: str, options: argparse.Namespace) ->
             unique_conflicts=total.unique_conflicts + done.unique_conflicts,
         )
         after = done.last_id
+
+
+def unknown_names(session: Session, kinds: Sequence[str], queues: Sequence[str]) -> list[str]:
+    """The refusals a bulk action's filter would meet — each kind and queue nothing knows
+    (:meth:`sa_jobs.bulk.JobFilter.check_known`) — as messages, for a command that only
+    reads (``jobs list``) to warn with instead: a typo there would print "no jobs"."""
+    messages = []
+    for kind in kinds:
+        try:
+            JobFilter(kinds=(kind,)).check_known(session)
+        except UnknownKindError as exc:
+            messages.append(str(exc))
+    for queue in queues:
+        try:
+            JobFilter(queues=(queue,)).check_known(session)
+        except UnknownQueueError as exc:
+            messages.append(str(exc))
+    return messages
 
 
 def describe(operation: str, result: BulkResult) -> str:

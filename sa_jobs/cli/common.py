@@ -4,25 +4,29 @@ on ``--url``, and the plain-text table."""
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import NoReturn
 
-from sqlalchemy import Engine, create_engine
-from sqlalchemy.exc import ArgumentError
+from sqlalchemy import URL, Engine, create_engine
+from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
 from sa_jobs.devdb import normalize_url
+from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.schema import translate_missing_schema
 
 __all__ = [
     "CommandError",
     "Parser",
     "UsageError",
+    "connection_failure",
     "engine_from",
     "first_line",
     "format_table",
+    "parse_url",
     "session_from",
 ]
 
@@ -53,16 +57,25 @@ def engine_from(options: argparse.Namespace, *, pool_size: int | None = None) ->
     raw = options.url
     if not raw:
         raise CommandError("no database; pass --url or set SA_JOBS_DATABASE_URL")
+    url = parse_url(raw)
+    if pool_size is not None:
+        return create_engine(url, pool_size=pool_size)
+    return create_engine(url, poolclass=NullPool)
+
+
+def parse_url(raw: str) -> URL:
+    """``--url`` (or its variable) as a psycopg 3 URL; one line for one that cannot be
+    parsed or is not PostgreSQL's."""
     try:
-        url = normalize_url(raw)
+        return normalize_url(raw)
+    except InvalidOptionsError as exc:
+        # mysql://, sqlite://: said before any driver is imported or any file created.
+        raise CommandError(str(exc)) from None
     except (ArgumentError, ValueError):
         # Not echoed: a URL may hold a password.
         raise CommandError(
             "the database URL cannot be parsed; expected e.g. postgresql://user@host:5432/dbname"
         ) from None
-    if pool_size is not None:
-        return create_engine(url, pool_size=pool_size)
-    return create_engine(url, poolclass=NullPool)
 
 
 @contextmanager
@@ -75,6 +88,34 @@ def session_from(options: argparse.Namespace) -> Iterator[Session]:
             yield session
     finally:
         engine.dispose()
+
+
+#: What libpq says when the server answers but has no such database. SQLSTATE 3D000
+#: would say it too, but libpq gives no SQLSTATE for a connection that failed (psycopg's
+#: ``sqlstate`` is None there); asyncpg and a failure after connecting do carry it.
+_MISSING_DATABASE = re.compile(r'database "(?P<name>[^"]+)" does not exist')
+_PLAIN_NAME = re.compile(r"[a-z_][a-z0-9_$]*")
+
+
+def connection_failure(exc: OperationalError) -> str:
+    """One line for a failed connection that says which side is missing: a server that
+    answered without the database (and how to create it), or no server at all."""
+    orig = exc.orig or exc
+    match = _MISSING_DATABASE.search(str(orig))
+    if match is None and getattr(orig, "sqlstate", None) != "3D000":
+        return f"cannot reach the database: {first_line(orig)}"
+    if match is None:
+        return (
+            f"the server answered, but the database does not exist ({first_line(orig)}): "
+            "create it with createdb, or CREATE DATABASE in psql"
+        )
+    name = match["name"]
+    quoted = name if _PLAIN_NAME.fullmatch(name) else '"' + name.replace('"', '""') + '"'
+    shell = name if _PLAIN_NAME.fullmatch(name) else "'" + name.replace("'", "'\\''") + "'"
+    return (
+        f'the server answered, but it has no database "{name}": create it '
+        f"(`createdb {shell}`, or `CREATE DATABASE {quoted};` in psql), then run this again"
+    )
 
 
 def first_line(exc: BaseException) -> str:

@@ -9,6 +9,7 @@ list). Served by uvicorn, from the ``dashboard`` extra.
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
 import os
 import socket
@@ -17,7 +18,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from sa_jobs.cli import settings
-from sa_jobs.cli.common import CommandError, engine_from
+from sa_jobs.cli.common import CommandError, UsageError, engine_from
 from sa_jobs.cli.settings import Setting
 from sa_jobs.schema import Features, translate_missing_schema
 
@@ -134,13 +135,19 @@ def _run(options: argparse.Namespace) -> int:
         _check_schema(engine)
         app = create_app(
             engine,
-            auth=basic_auth(*credentials) if credentials else None,
+            # On loopback without credentials the CLI lets in whoever reaches this
+            # machine's loopback, on purpose: create_app's warning about auth=None is
+            # advice for a dashboard mounted in an app, which would repeat every start.
+            auth=basic_auth(*credentials) if credentials else _everyone_on_this_machine,
             read_only=options.read_only,
             base_path=options.base_path,
         )
+        # Bound before the URL is printed: a port in use is said in one line, instead
+        # of a URL that leads to someone else's server and uvicorn's exit code 3.
+        listening = _listen(options.host, options.port)
         where = f"http://{_host_in_url(options.host)}:{options.port}{options.base_path}/"
         print(f"sa_jobs dashboard on {where}" + (" (read-only)" if options.read_only else ""))
-        uvicorn.run(
+        config = uvicorn.Config(
             app,
             host=options.host,
             port=options.port,
@@ -149,9 +156,40 @@ def _run(options: argparse.Namespace) -> int:
             # client's view of the host.
             proxy_headers=True,
         )
+        with listening:
+            uvicorn.Server(config).run(sockets=[listening])
     finally:
         engine.dispose()
     return 0
+
+
+def _everyone_on_this_machine(request: object) -> bool:
+    """The CLI's auth on loopback without credentials: only this machine can connect."""
+    return True
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (as uvicorn binds one: IPv6 for an address with a
+    colon, else IPv4).
+
+    Raises:
+        UsageError: the port is taken, or the address cannot be listened on.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listening = socket.socket(family, socket.SOCK_STREAM)
+    # As uvicorn does: a restart may rebind at once (a listening socket still conflicts).
+    listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listening.bind((host, port))
+    except OSError as exc:
+        listening.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise UsageError(
+                f"port {port} on {host} is already in use (another sa-jobs dashboard?); "
+                "stop that server, or pick another port with --port"
+            ) from None
+        raise UsageError(f"cannot listen on {host} port {port}: {exc.strerror or exc}") from None
+    return listening
 
 
 def _check_schema(engine: Engine) -> None:

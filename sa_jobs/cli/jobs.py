@@ -13,6 +13,7 @@ import argparse
 import datetime as dt
 import enum
 import json
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -124,6 +125,14 @@ def _list(options: argparse.Namespace) -> int:
         statement = statement.where(Job.kind.in_(options.kind))
     with session_from(options) as session:
         rows = session.execute(statement.limit(options.limit + 1)).all()
+        # Checked after the listing, so a name with jobs costs nothing more than the list.
+        unknown = bulk.unknown_names(
+            session,
+            [k for k in options.kind or () if not any(row.kind == k for row in rows)],
+            [q for q in options.queue or () if not any(row.queue == q for row in rows)],
+        )
+    for message in unknown:
+        print(f"sa-jobs: warning: {message}", file=sys.stderr)
     if not rows:
         print("no jobs")
         return 0

@@ -41,13 +41,22 @@ def supervise(command: Sequence[str], count: int, until_idle: bool) -> int:
     """Run ``count`` copies of ``command`` until they end; the exit code of the group."""
     children: list[subprocess.Popen[bytes]] = []
     stop_requested = False
+    signals = 0
     failed = False
 
     def forward(signum: int, _frame: object) -> None:
-        nonlocal stop_requested
+        nonlocal stop_requested, signals
         stop_requested = True
+        signals += 1
         name = signal.Signals(signum).name
-        log.info("%s: passing it to %d worker processes", name, _alive(children))
+        if signals == 1:
+            what = (
+                "they finish their running jobs; a second SIGINT or SIGTERM (Ctrl-C again) "
+                "cancels them"
+            )
+        else:
+            what = "they cancel their running jobs"
+        log.info("%s: passing it to %d worker processes (%s)", name, _alive(children), what)
         for child in children:
             if child.poll() is None:
                 child.send_signal(signum)

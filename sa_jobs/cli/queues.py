@@ -13,13 +13,21 @@ import json
 from typing import Any
 
 from sa_jobs.cli import settings
-from sa_jobs.cli.common import format_table, session_from
+from sa_jobs.cli.common import CommandError, format_table, session_from
+from sa_jobs.errors import UnknownQueueError
 from sa_jobs.queue_stats import as_dict
-from sa_jobs.queues import QueueState, pause_queue, queue_states, resume_queue
+from sa_jobs.queues import (
+    ALLOW_UNKNOWN_HINT,
+    QueueState,
+    pause_queue,
+    queue_states,
+    resume_queue,
+)
 
 __all__ = ["add_command"]
 
 SETTINGS = (settings.URL, settings.LOG_LEVEL)
+ALLOW_UNKNOWN_OPTION_HINT = "or pass --allow-unknown to pause it before any job or worker names it"
 
 
 def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -49,11 +57,18 @@ def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _change(options: argparse.Namespace, paused: bool) -> int:
-    with session_from(options) as session, session.begin():
-        if paused:
-            state = pause_queue(session, options.name, allow_unknown=options.allow_unknown)
-        else:
-            state = resume_queue(session, options.name)
+    try:
+        with session_from(options) as session, session.begin():
+            if paused:
+                state = pause_queue(session, options.name, allow_unknown=options.allow_unknown)
+            else:
+                state = resume_queue(session, options.name)
+    except UnknownQueueError as exc:
+        if not paused:
+            raise
+        # The Python API's hint names allow_unknown=True; here the option is the way.
+        message = str(exc).replace(ALLOW_UNKNOWN_HINT, ALLOW_UNKNOWN_OPTION_HINT)
+        raise CommandError(message) from None
     print(_describe(state))
     return 0
 
@@ -104,4 +119,6 @@ def _list(options: argparse.Namespace) -> int:
 
 
 def _timestamp(value: dt.datetime) -> str:
-    return value.astimezone(dt.UTC).isoformat(sep=" ", timespec="seconds")
+    # The zone is said once, by the line ("UTC") or the column header ("(UTC)"), not
+    # again as a "+00:00" on every value.
+    return value.astimezone(dt.UTC).replace(tzinfo=None).isoformat(sep=" ", timespec="seconds")

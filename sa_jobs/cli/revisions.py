@@ -12,11 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import attrs
-from alembic.runtime.migration import MigrationContext
 from alembic.script import Script, ScriptDirectory
 from sqlalchemy import Connection
 
-from sa_jobs.schema import BRANCHES, MIGRATIONS_DIR, VERSION_TABLE
+from sa_jobs.schema import BRANCHES, MIGRATIONS_DIR, VERSION_TABLE, recorded_versions
 
 __all__ = [
     "BranchStatus",
@@ -34,8 +33,7 @@ def scripts() -> ScriptDirectory:
 
 def recorded_heads(connection: Connection, version_table: str = VERSION_TABLE) -> tuple[str, ...]:
     """The revisions ``version_table`` holds (none if the table is missing)."""
-    context = MigrationContext.configure(connection, opts={"version_table": version_table})
-    return tuple(context.get_current_heads())
+    return tuple(recorded_versions(connection, version_table))
 
 
 def _installed(script: ScriptDirectory, heads: Iterable[str]) -> set[str]:

@@ -1,9 +1,10 @@
 """``sa-jobs stats`` and ``sa-jobs health``: the numbers, and a verdict for probes.
 
 ``stats`` prints :func:`sa_jobs.stats` as tables (``--json`` for the whole result).
-``health`` prints :func:`sa_jobs.check_health` and exits by its level: 0 ok, 3 warning,
-4 critical (``--fail-on critical`` makes a warning exit 0); 1 and 2 keep their meaning for
-every command (the check could not run; a bad option).
+``health`` prints :func:`sa_jobs.check_health` (the xmin horizon, dead rows, queues no
+live worker serves) and exits by its level: 0 ok, 3 warning, 4 critical (``--fail-on
+critical`` makes a warning exit 0); 1 and 2 keep their meaning for every command (the
+check could not run; a bad option).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from sa_jobs.cli import settings
 from sa_jobs.cli.common import UsageError, format_table, session_from
 from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.health import Health, HealthLevel, HealthThresholds, check_health
-from sa_jobs.queue_stats import EXACT_LIMIT, Stats, as_dict, stats
+from sa_jobs.queue_stats import EXACT_LIMIT, QueueStats, Stats, as_dict, stats
 from sa_jobs.states import JobState
 
 __all__ = ["EXIT_CODES", "add_commands", "format_health", "format_stats"]
@@ -48,6 +49,14 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
                 metavar="N" if read is settings.positive_int else "DURATION",
                 help=f"{level} when {what} (default {shown})",
             )
+    group.add_argument(
+        "--unserved-age-warning",
+        dest="unserved_age_warning",
+        type=settings.duration,
+        metavar="DURATION",
+        help="warning when a queue that no live worker serves has had an available job "
+        f"waiting this long (default {defaults.unserved_age_warning.total_seconds():.0f}s)",
+    )
     output = argparse.ArgumentParser(add_help=False)
     output.add_argument("--json", action="store_true", help="print the result as JSON")
 
@@ -69,7 +78,8 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     probe = commands.add_parser(
         "health",
         parents=[common, output, limits],
-        help="the xmin horizon and dead job rows; exits 0 ok, 3 warning, 4 critical",
+        help="the xmin horizon, dead job rows and unserved queues; exits 0 ok, 3 warning, "
+        "4 critical",
     )
     probe.add_argument(
         "--fail-on",
@@ -90,6 +100,7 @@ def _thresholds(options: argparse.Namespace) -> HealthThresholds:
             "xmin_xids_critical",
             "dead_tuples_warning",
             "dead_tuples_critical",
+            "unserved_age_warning",
         )
         if (value := getattr(options, name, None)) is not None
     }
@@ -118,9 +129,10 @@ def format_stats(found: Stats) -> str:
     """The human form of :func:`sa_jobs.stats`: queues, workers, sequences, health."""
     states = list(JobState)
     header = ("queue", *(state.value for state in states), "oldest available")
+    unserved = set(found.unserved_queues)
     rows = [
         (
-            f"{queue.name} (paused)" if queue.paused else queue.name,
+            _queue_label(queue, unserved),
             *(_count(queue.counts[s], s in queue.estimated) for s in states),
             _age(queue.oldest_available_age),
         )
@@ -166,6 +178,14 @@ def format_stats(found: Stats) -> str:
     return "\n".join(lines)
 
 
+def _queue_label(queue: QueueStats, unserved: set[str]) -> str:
+    if queue.paused:
+        return f"{queue.name} (paused)"
+    if queue.name in unserved:
+        return f"{queue.name} (no live worker)"
+    return queue.name
+
+
 def _count(value: int, estimated: bool) -> str:
     return f"~{value:,}" if estimated else f"{value:,}"
 
@@ -209,6 +229,16 @@ def format_health(found: Health) -> str:
     if oldest is not None:
         horizon += f" (oldest holder: {oldest.kind.value} {oldest.name})"
     lines.append(horizon)
+    if found.unserved_queues is None:
+        lines.append("queues no live worker serves: unknown (this role cannot read sa_job)")
+    elif found.unserved_queues:
+        lines.append(
+            "queues no live worker serves: "
+            + ", ".join(
+                f"{name} (oldest available {_age(age)})"
+                for name, age in found.unserved_queues.items()
+            )
+        )
     if found.dead_tuples is not None:
         dead = found.dead_tuples
         lines.append(

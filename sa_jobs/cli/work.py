@@ -1,5 +1,14 @@
 """``sa-jobs work MODULE:ATTRIBUTE``: run an application's worker until a signal, until
-it is idle, or as several processes under one parent (:mod:`sa_jobs.cli.processes`)."""
+it is idle, or as several processes under one parent (:mod:`sa_jobs.cli.processes`).
+
+**Which database.** The worker works the database of its own engine — the application
+builds it, with its pool, ``creator`` and ``connect_args``, and its handlers' sessions
+use it. ``--url`` (or ``$SA_JOBS_DATABASE_URL``, ``$DATABASE_URL``) is exported to the
+application as ``$SA_JOBS_DATABASE_URL`` so that an app building its engine from that
+variable follows it; an app whose engine reaches another database is refused before
+anything runs (:func:`check_worker_database`), naming both: two settings that disagree
+about where the jobs are must not be settled by silently working one of them.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +20,17 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from sa_jobs.cli import processes, settings
-from sa_jobs.cli.common import CommandError, UsageError
-from sa_jobs.cli.settings import QueueSpec
-from sa_jobs.worker import Worker
+from sqlalchemy import URL, create_engine
+from sqlalchemy.pool import NullPool
 
-__all__ = ["add_command", "load_worker", "queues_from"]
+from sa_jobs.cli import processes, settings
+from sa_jobs.cli.common import CommandError, UsageError, first_line, parse_url
+from sa_jobs.cli.settings import QueueSpec
+from sa_jobs.errors import a_or_an
+from sa_jobs.worker import Worker
+from sa_jobs.worker.engines import database_identity
+
+__all__ = ["add_command", "check_worker_database", "load_worker", "queues_from"]
 
 log = logging.getLogger("sa_jobs.cli")
 
@@ -92,11 +106,23 @@ def _work(options: argparse.Namespace) -> int:
     if not options.app:
         raise UsageError("name the worker: sa-jobs work MODULE:ATTRIBUTE, or set SA_JOBS_WORKER")
     queues = queues_from(options.queues or (), options.concurrency)
+    source = _url_source(options.url)
     if options.url:
+        # A URL of another database is said in one line, before the app builds an
+        # engine on it (its driver may not even be installed).
+        parse_url(options.url)
         # The worker's engine is the application's own; an app that builds it from this
         # variable follows --url, and so do --processes children (they inherit it).
         os.environ["SA_JOBS_DATABASE_URL"] = options.url
     worker = load_worker(options.app)
+    if options.url:
+        check_worker_database(worker, options.url, source=source, app=options.app)
+    log.info(
+        "%s works %s (its own engine%s)",
+        options.app,
+        _describe(worker.engine.url),
+        f"; {source} names the same" if options.url else "",
+    )
     if queues:
         worker.queues = queues
     elif options.concurrency:
@@ -142,8 +168,74 @@ def _child_command(options: argparse.Namespace, queues: dict[str, int]) -> list[
 def _until_idle(worker: Worker) -> int:
     # run_until_idle handles SIGTERM/SIGINT itself: the first lets running jobs finish
     # and returns, a second cancels them; either way the rest stays queued.
-    worker.run_until_idle(timeout=None)
+    result = worker.run_until_idle(timeout=None)
+    # Exit 0 even with jobs left in queues this worker does not serve (it warned about
+    # them): serving some queues only is a normal deployment, not a failed run.
+    left = "".join(
+        f", {count} available in {queue!r} (not served here)"
+        for queue, count in result.unserved.items()
+    )
+    ending = "stopped early" if result.stopped_early else "idle"
+    log.info("%s: %d attempts worked%s", ending, result.worked, left)
     return 0
+
+
+def _url_source(url: str | None) -> str:
+    """Where the resolved URL came from, for messages: the variable holding it, else
+    the command line."""
+    for variable in settings.URL.variables:
+        if url and os.environ.get(variable) == url:
+            return f"${variable}"
+    return "--url"
+
+
+def _address(url: URL) -> tuple[str, int, str | None]:
+    return (str(url.host or url.query.get("host") or "localhost"), url.port or 5432, url.database)
+
+
+def _describe(url: URL, identity: tuple[object, ...] | None = None) -> str:
+    host, port, database = _address(url)
+    name = identity[1] if identity is not None else database
+    return f"database {name!r} at {host}:{port}"
+
+
+def check_worker_database(worker: Worker, raw_url: str, *, source: str, app: str) -> None:
+    """Refuse a worker whose own engine reaches another database than ``raw_url``.
+
+    The same host, port and database name are the same database; other spellings (a
+    host name and its address, a pooler in front) are compared by connecting both and
+    reading :func:`~sa_jobs.worker.engines.database_identity` (server start, database
+    and its oid, the ``sa_job`` table reached), as the worker does for its own engines.
+
+    Raises:
+        UsageError: they differ.
+        CommandError: the URL cannot be parsed, or is not PostgreSQL's.
+    """
+    named = parse_url(raw_url)
+    engine = worker.engine
+    if _address(named) == _address(engine.url):
+        return
+    with engine.connect() as connection:
+        actual = database_identity(connection)
+    wanted: tuple[object, ...] | None = None
+    problem = ""
+    probe = create_engine(named, poolclass=NullPool)
+    try:
+        with probe.connect() as connection:
+            wanted = database_identity(connection)
+    except Exception as exc:  # any failure to connect means "not that database"
+        problem = f" (which cannot be reached: {first_line(exc)})"
+    finally:
+        probe.dispose()
+    # The role may differ; the server, the database and the sa_job table may not.
+    if wanted is not None and (wanted[:2], wanted[3:]) == (actual[:2], actual[3:]):
+        return
+    raise UsageError(
+        f"{source} names {_describe(named, wanted)}{problem}, but the worker {app} builds its "
+        f"own engine on {_describe(engine.url, actual)}; a worker works its own engine's "
+        "database, so make them agree — build the engine from $SA_JOBS_DATABASE_URL "
+        f"(sa-jobs work sets it from {source}) — or leave {source} out"
+    )
 
 
 def load_worker(spec: str) -> Worker:
@@ -177,7 +269,7 @@ def load_worker(spec: str) -> Worker:
         target = target()
     if not isinstance(target, Worker):
         raise CommandError(
-            f"{spec} is a {type(target).__name__}, not a sa_jobs.Worker "
+            f"{spec} is {a_or_an(type(target).__name__)}, not a sa_jobs.Worker "
             "(or a function of no arguments returning one)"
         )
     return target

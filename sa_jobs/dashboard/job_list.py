@@ -50,6 +50,7 @@ __all__ = [
     "StateOrder",
     "list_jobs",
     "page_statement",
+    "parse_instant",
 ]
 
 PAGE_SIZE = 50
@@ -110,6 +111,10 @@ class ListFilter:
         }
         return {name: value for name, value in found.items() if value}
 
+    def params_with(self, **changes: str) -> dict[str, str]:
+        """The query string of this filter with some values changed ("" drops one)."""
+        return {name: value for name, value in {**self.params(), **changes}.items() if value}
+
     def conditions(self, jobs: Any) -> list[ColumnElement[bool]]:
         """The WHERE conditions on ``jobs`` (the table or a subquery of it)."""
         found: list[ColumnElement[bool]] = []
@@ -144,8 +149,28 @@ class JobListRow:
     created_at: dt.datetime
     scheduled_at: dt.datetime
     finalized_at: dt.datetime | None
+    #: When its last attempt started, and the worker that ran it (``attempted_by``'s last).
+    attempted_at: dt.datetime | None
+    worker: str | None
     args_preview: str
     last_error: str | None
+    #: When its last error was recorded (the record's ``at``), if it has one.
+    last_error_at: dt.datetime | None = None
+
+    @property
+    def run_time(self) -> dt.timedelta | None:
+        """How long its last run took, for a finished job; None when it never ran.
+
+        From ``attempted_at`` to the run's end: the last error's time when that error
+        ended this run (a job that failed and was cancelled while it waited to retry was
+        finalized long after it stopped running), else ``finalized_at``.
+        """
+        if self.attempted_at is None or self.finalized_at is None:
+            return None
+        ended = self.finalized_at
+        if self.last_error_at is not None and self.attempted_at <= self.last_error_at < ended:
+            ended = self.last_error_at
+        return max(ended - self.attempted_at, dt.timedelta(0))
 
 
 @attrs.frozen
@@ -233,6 +258,7 @@ _LISTED = (
     "scheduled_at",
     "finalized_at",
     "attempted_at",
+    "attempted_by",
     "args",
     "errors",
 )
@@ -296,8 +322,12 @@ def _page(
             scanned.c.created_at,
             scanned.c.scheduled_at,
             scanned.c.finalized_at,
+            scanned.c.attempted_at,
+            # PostgreSQL arrays count from 1: the last element is at its cardinality.
+            scanned.c.attempted_by[func.cardinality(scanned.c.attempted_by)].label("worker"),
             func.left(sql_cast(scanned.c.args, Text), ARGS_PREVIEW).label("args_preview"),
             scanned.c.errors[-1]["error"].astext.label("last_error"),
+            scanned.c.errors[-1]["at"].astext.label("last_error_at"),
             *(scanned.c[name].label(KEY + name) for name in keys),
         )
         .where(*jobs_filter.conditions(scanned))
@@ -424,8 +454,21 @@ def _list_by_id(
 
 
 def _row(row: Any) -> JobListRow:
-    values = row._mapping
+    values = dict(row._mapping)
+    values["last_error_at"] = parse_instant(values["last_error_at"])
     return JobListRow(**{field.name: values[field.name] for field in attrs.fields(JobListRow)})
+
+
+def parse_instant(text: object) -> dt.datetime | None:
+    """An error record's ``at`` (JSON text written by PostgreSQL), or None when it is
+    missing or not an aware ISO 8601 time (records come from whoever wrote the row)."""
+    if not isinstance(text, str):
+        return None
+    try:
+        parsed = dt.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo is not None else None
 
 
 # ---------------------------------------------------------------------- cursors

@@ -14,8 +14,15 @@ from starlette.responses import Response
 from sa_jobs.dashboard import job_list, queries
 from sa_jobs.dashboard.charts import hour_chart
 from sa_jobs.dashboard.context import Dashboard
+from sa_jobs.dashboard.list_choices import (
+    ListChoices,
+    applicable_operations,
+    list_choices,
+    not_offered,
+)
 from sa_jobs.dashboard.periodic_view import STALE_AFTER, periodic_view
 from sa_jobs.dashboard.queue_view import QueuesView, queues_view
+from sa_jobs.dashboard.sequence_keys import MAX_FIELDS
 from sa_jobs.dashboard.workers_view import workers_view
 from sa_jobs.queue_stats import Stats, stats
 
@@ -51,12 +58,14 @@ async def jobs(request: Request) -> Response:
     except ValueError as exc:
         return dashboard.error_page(request, 400, str(exc))
     after = params.get("after", "").strip()
+    operations = applicable_operations(jobs_filter.state)
 
-    def read(session: Any) -> job_list.JobPage:
-        return job_list.list_jobs(session, jobs_filter, before, after=after)
+    def read(session: Any) -> tuple[job_list.JobPage, ListChoices]:
+        found = job_list.list_jobs(session, jobs_filter, before, after=after)
+        return found, list_choices(session, jobs_filter.queue)
 
     try:
-        page = await dashboard.database.read(read)
+        page, choices = await dashboard.database.read(read)
     except job_list.FilterError as exc:
         return dashboard.error_page(request, 400, str(exc))
     return dashboard.renderer.page(
@@ -64,6 +73,9 @@ async def jobs(request: Request) -> Response:
         "jobs.html",
         filter=jobs_filter,
         result=page,
+        choices=choices,
+        operations=operations,
+        not_offered=not_offered(operations),
         paged=bool(before or after),
         next_params={**jobs_filter.params(), **page.next} if page.next else None,
         window=job_list.SCAN_WINDOW,
@@ -86,7 +98,9 @@ async def job(request: Request) -> Response:
 async def sequences(request: Request) -> Response:
     dashboard = Dashboard.of(request)
     halted = await dashboard.database.read(queries.halted_sequences)
-    return dashboard.renderer.page(request, "sequences.html", halted=halted, cap=queries.LIST_CAP)
+    return dashboard.renderer.page(
+        request, "sequences.html", halted=halted, cap=queries.LIST_CAP, max_fields=MAX_FIELDS
+    )
 
 
 async def periodic(request: Request) -> Response:

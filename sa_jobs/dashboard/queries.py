@@ -17,10 +17,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-from sqlalchemy import Float, Integer, func, select
+from sqlalchemy import Float, Integer, case, func, select
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.orm import Session, undefer
 
+from sa_jobs.dashboard.sequence_keys import SequenceKeys, SequenceParts
 from sa_jobs.errors import JobNotFoundError
 from sa_jobs.models import Job, job_table
 from sa_jobs.schema import Features
@@ -59,6 +60,9 @@ class JobDetail:
     sequence_waiting: int | None
     #: This job halted its sequence (it is cancelled or discarded and keeps the slot).
     halts_sequence: bool
+    #: What its sequence key is made of, from its own kind, queue and args (None: not
+    #: sequenced, or made in a way the dashboard does not try).
+    sequence_parts: SequenceParts | None = None
 
 
 def job_detail(session: Session, job_id: int) -> JobDetail | None:
@@ -79,7 +83,9 @@ def job_detail(session: Session, job_id: int) -> JobDetail | None:
         return None
     waiting = None
     halts = False
+    parts = None
     if features.sequence and job.sequence_key is not None:
+        parts = SequenceKeys().describe(job.sequence_key, job.kind, job.queue, job.args_json)
         waiting = session.scalar(
             select(func.count())
             .select_from(job_table)
@@ -89,7 +95,7 @@ def job_detail(session: Session, job_id: int) -> JobDetail | None:
             )
         )
         halts = _halts(job.state, job.sequence_key, job.sequence_slot)
-    return JobDetail(job, features, waiting, halts)
+    return JobDetail(job, features, waiting, halts, parts)
 
 
 def _halts(state: JobState, sequence_key: bytes | None, slot: bool | None) -> bool:
@@ -126,6 +132,14 @@ class HaltedSequence:
     finalized_at: dt.datetime | None
     last_error: str | None
     waiting: int
+    #: What the key is made of, from the halted job's kind, queue and args (None: made in
+    #: a way the dashboard does not try, or args too large to read here).
+    parts: SequenceParts | None = None
+
+
+#: A halted job's args are read for its key's description only up to this size (bytes,
+#: as stored): a page of 200 sequences must not read 200 large payloads.
+MAX_ARGS_READ = 16_384
 
 
 def halted_sequences(session: Session, limit: int | None = None) -> list[HaltedSequence]:
@@ -152,6 +166,10 @@ def halted_sequences(session: Session, limit: int | None = None) -> list[HaltedS
             job_table.c.finalized_at,
             job_table.c.errors[-1]["error"].astext,
             pending,
+            case(
+                (func.pg_column_size(job_table.c.args) <= MAX_ARGS_READ, job_table.c.args),
+                else_=None,
+            ),
         )
         .where(
             # The slot index's own predicate, so the planner reads only slot holders.
@@ -162,7 +180,11 @@ def halted_sequences(session: Session, limit: int | None = None) -> list[HaltedS
         .order_by(job_table.c.finalized_at.desc())
         .limit(limit)
     )
-    return [HaltedSequence(*row) for row in session.execute(statement)]
+    keys = SequenceKeys()
+    return [
+        HaltedSequence(*row[:-1], parts=keys.describe(row[0], row.kind, row.queue, row[-1]))
+        for row in session.execute(statement)
+    ]
 
 
 # ---------------------------------------------------------------------- the chart

@@ -5,6 +5,10 @@ last hour (:func:`~sa_jobs.dashboard.queries.throughput`).
 A worker counts as live only while its heartbeat is fresh
 (:func:`~sa_jobs.dashboard.workers_view.is_gone`): its row outlives it by a day.
 
+A queue with available jobs and no live worker serving it is *unserved*: its jobs wait
+until a worker with that queue starts (a queue name no worker was given, or a typo in
+``-q``), and the overview says so above the table.
+
 A queue exists in sa_jobs only through its jobs, its workers and its controls, so the
 table lists the union of the three: a paused queue with no jobs yet, or a queue a worker
 serves that is empty, still gets its row — and its Pause/Resume button.
@@ -48,6 +52,20 @@ class QueueRow:
     def paused(self) -> bool:
         return self.paused_at is not None
 
+    @property
+    def available(self) -> int:
+        return self.counts.get(JobState.AVAILABLE, 0)
+
+    @property
+    def available_estimated(self) -> bool:
+        return JobState.AVAILABLE in self.estimated
+
+    @property
+    def unserved(self) -> bool:
+        """Jobs are available in it and no live worker serves it: they wait until one
+        does. (A paused queue is waiting on purpose, and says so itself.)"""
+        return self.available > 0 and not self.workers and not self.paused
+
 
 @attrs.frozen
 class QueuesView:
@@ -58,6 +76,11 @@ class QueuesView:
     live_workers: int = 0
     gone_workers: int = 0
     branch: str = QUEUE_BRANCH
+
+    @property
+    def unserved(self) -> list[QueueRow]:
+        """The queues whose available jobs no live worker will fetch."""
+        return [row for row in self.rows if row.unserved]
 
 
 def live_workers(figures: Stats) -> list[WorkerStats]:

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from sa_jobs.dashboard.charts import format_seconds
+from sa_jobs.dashboard.job_list import parse_instant
 from sa_jobs.dashboard.security import (
     CSRF_FIELD,
     SECURITY_HEADERS,
@@ -77,9 +78,20 @@ class Page:
         return self.url(path, {**self.request.query_params, **changes})
 
 
-def _ago(value: dt.datetime | None, now: dt.datetime | None = None) -> str:
+def _instant(value: dt.datetime | str | None) -> dt.datetime | str | None:
+    """A time as stored: a datetime, or the ISO text of an error record's ``at`` (parsed
+    when it is one; other text is shown as it is)."""
+    if isinstance(value, str):
+        return parse_instant(value) or value
+    return value
+
+
+def _ago(value: dt.datetime | str | None, now: dt.datetime | None = None) -> str:
+    value = _instant(value)
     if value is None:
         return "-"
+    if isinstance(value, str):
+        return value
     now = now or dt.datetime.now(dt.UTC)
     seconds = (now - value).total_seconds()
     if seconds < 0:
@@ -87,9 +99,21 @@ def _ago(value: dt.datetime | None, now: dt.datetime | None = None) -> str:
     return format_seconds(seconds) + " ago"
 
 
-def _timestamp(value: dt.datetime | None) -> str:
+def _since(value: dt.datetime | None, now: dt.datetime | None = None) -> str:
+    """How long since ``value`` (``12.0 s``): a run's length so far."""
     if value is None:
         return "-"
+    now = now or dt.datetime.now(dt.UTC)
+    # Another host's clock may be a little ahead of this one.
+    return format_seconds(max((now - value).total_seconds(), 0.0))
+
+
+def _timestamp(value: dt.datetime | str | None) -> str:
+    value = _instant(value)
+    if value is None:
+        return "-"
+    if isinstance(value, str):
+        return value
     return value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
@@ -145,6 +169,7 @@ class Renderer:
         )
         self.environment.filters.update(
             ago=_ago,
+            since=_since,
             timestamp=_timestamp,
             pretty_json=_pretty_json,
             hex=_hex,

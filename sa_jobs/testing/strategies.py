@@ -61,6 +61,7 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
 
 from sa_jobs.args import encode_args
 from sa_jobs.durations import MAX_TTL
+from sa_jobs.errors import a_or_an
 from sa_jobs.keys import key_digest
 from sa_jobs.options import REQUIRED_UNIQUE_STATES, InsertOpts, UniqueOpts, insert_opts
 from sa_jobs.states import JobState
@@ -306,8 +307,8 @@ def assert_same_args(expected: Any, actual: Any, path: str = "args") -> None:
         isinstance(expected, dt.datetime) and isinstance(actual, dt.datetime)
     ):
         raise AssertionError(
-            f"{path}: expected a {type(expected).__name__} {expected!r}, "
-            f"got a {type(actual).__name__} {actual!r}"
+            f"{path}: expected {a_or_an(type(expected).__name__)} {expected!r}, "
+            f"got {a_or_an(type(actual).__name__)} {actual!r}"
         )
     if attrs.has(type(expected)):
         for field in attrs.fields(type(expected)):

@@ -7,9 +7,17 @@ fetches, ``execution`` runs, ``completer`` writes, ``watchdog`` enforces timeout
 
 from __future__ import annotations
 
+from sa_jobs.worker.idle import IdleResult
 from sa_jobs.worker.maintenance.cleaner import Retention
 from sa_jobs.worker.maintenance.loop import MaintenanceConfig
 from sa_jobs.worker.retry import ExponentialRetry, RetryPolicy
 from sa_jobs.worker.worker import Worker
 
-__all__ = ["ExponentialRetry", "MaintenanceConfig", "Retention", "RetryPolicy", "Worker"]
+__all__ = [
+    "ExponentialRetry",
+    "IdleResult",
+    "MaintenanceConfig",
+    "Retention",
+    "RetryPolicy",
+    "Worker",
+]

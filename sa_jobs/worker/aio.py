@@ -16,6 +16,7 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any
 
+from sqlalchemy import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from sa_jobs.error_records import describe
@@ -101,24 +102,7 @@ class EventLoopThread:
                 "your engine: Worker(..., async_engine=create_async_engine(...))",
             ) from exc
         if found != expected:
-            if engines.sync_is_derived:
-                option, odd, other = "sync_engine", engines.describe_sync(), where
-                databases = (expected[1], found[1])
-                fix = "Worker(your_async_engine, sync_engine=create_engine(...)) built like it"
-            else:
-                option, odd, other = "async_engine", where, engines.describe_sync()
-                databases = (found[1], expected[1])
-                fix = "Worker(engine, async_engine=create_async_engine(...)) built like it"
-            where_to = (
-                f"another database than {other} ({databases[0]!r} vs {databases[1]!r})"
-                if databases[0] != databases[1]
-                else f"another sa_job table than {other} (a different search_path or role)"
-            )
-            raise InvalidOptionsError(
-                option,
-                f"{odd} reaches {where_to}; a derived engine cannot copy creator=, "
-                f"connect_args or server settings, so pass {fix}",
-            )
+            raise InvalidOptionsError(*_mismatch(engines, sync_id=expected, async_id=found))
 
     def call(self, coroutine: Coroutine[Any, Any, Any], timeout: float) -> Any:
         """Run ``coroutine`` on the loop and wait for its result."""
@@ -135,6 +119,45 @@ class EventLoopThread:
             self._thread.join(timeout)
         if not self._thread.is_alive():
             self.loop.close()
+
+
+def _where(url: URL, database: object) -> str:
+    """``'name' at host:port``: the database an engine reached, and where its URL points."""
+    host = url.host or url.query.get("host") or "localhost"
+    return f"{database!r} at {host}:{url.port or 5432}"
+
+
+def _mismatch(
+    engines: WorkerEngines, *, sync_id: tuple[Any, ...], async_id: tuple[Any, ...]
+) -> tuple[str, str]:
+    """The option at fault and what to say, for two engines on different databases.
+
+    The engine at fault is the one that came from elsewhere than the worker's own
+    engine: derived from its URL (which cannot carry ``creator=``, ``connect_args`` or
+    server settings), or passed as ``sync_engine=`` / ``async_engine=``.
+    """
+    given_is_async = isinstance(engines.given, AsyncEngine)
+    sync_url, async_url = engines.sync.url, engines.async_url()
+    sync_at, async_at = _where(sync_url, sync_id[1]), _where(async_url, async_id[1])
+    if given_is_async:  # the sync engine came from elsewhere
+        option, odd, odd_at = "sync_engine", engines.describe_sync(), sync_at
+        other, other_at = engines.describe_async(), async_at
+        fix = "Worker(your_async_engine, sync_engine=create_engine(...)) built like it"
+    else:  # the async engine did
+        option, odd, odd_at = "async_engine", engines.describe_async(), async_at
+        other, other_at = engines.describe_sync(), sync_at
+        fix = "Worker(engine, async_engine=create_async_engine(...)) built like it"
+    if sync_id[1] != async_id[1]:
+        where_to = f"another database than {other} ({odd_at}, not {other_at})"
+    else:
+        where_to = f"another sa_job table than {other} (a different search_path or role)"
+    derived = engines.sync_is_derived if given_is_async else engines.async_is_derived
+    why = (
+        "; a derived engine cannot copy creator=, connect_args or server settings"
+        if derived
+        else f"; a worker's engines must reach one database, and {option}= names another"
+    )
+    return option, f"{odd} reaches {where_to}{why}, so pass {fix}"
 
 
 def _first_line(exc: BaseException) -> str:

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, func, select, text
+from sqlalchemy import URL, Connection, Engine, create_engine, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.urls import ASYNC_FORMS, SYNC_FORMS, in_driver
+from sa_jobs.urls import ASYNC_FORMS, SYNC_FORMS, in_driver, require_postgresql
 
 __all__ = [
     "WorkerEngines",
@@ -161,8 +161,15 @@ class WorkerEngines:
         ):
             if value is not None and not isinstance(value, kind):
                 raise InvalidOptionsError(
-                    option, f"must be a {kind.__name__}, got {type(value).__name__}"
+                    option, f"must be an {kind.__name__}, got {type(value).__name__}"
                 )
+        for option, value in (
+            ("engine", given),
+            ("sync_engine", sync_engine),
+            ("async_engine", async_engine),
+        ):
+            if value is not None:
+                require_postgresql(value, option)
         self.given = given
         self._derived_sync = False
         if isinstance(given, AsyncEngine):
@@ -222,6 +229,19 @@ class WorkerEngines:
     @property
     def sync_is_derived(self) -> bool:
         return self._derived_sync
+
+    @property
+    def async_is_derived(self) -> bool:
+        """Async handlers' engine is (or will be) derived from the sync engine's URL."""
+        return self._async_source is None
+
+    def async_url(self) -> URL:
+        """The URL of async handlers' engine (made or still to be made)."""
+        if self._async is not None:
+            return self._async.url
+        if self._async_source is not None:
+            return self._async_source.url
+        return self.sync.url
 
     def async_engine(self) -> AsyncEngine:
         """The async engine for the worker's loop (made on first use, see the module)."""

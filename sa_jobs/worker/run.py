@@ -38,6 +38,7 @@ from sa_jobs.worker.maintenance.periodic_thread import PeriodicThread
 from sa_jobs.worker.notifier import ListenOptions, Notifier, check_same_database
 from sa_jobs.worker.pool import HandlerThreads
 from sa_jobs.worker.producer import Producer, fetch_jobs
+from sa_jobs.worker.queue_checks import QueueNotes
 from sa_jobs.worker.retry import RetryPolicy
 from sa_jobs.worker.watchdog import Watchdog
 
@@ -67,6 +68,7 @@ class RunSettings(Protocol):
     listen: ListenOptions
     periodic: list[PeriodicJob]
     hooks: list[WorkHook]
+    queue_notes: QueueNotes
 
     @property
     def limits(self) -> tuple[Limit, ...]: ...
@@ -123,6 +125,8 @@ class WorkerRun:
         self.closing = threading.Event()
         self._lock = threading.Lock()
         self._executions: dict[int, Execution] = {}
+        #: Attempts settled during this run (``run_until_idle``'s ``worked``).
+        self.settled_count = 0
         self._started: list[str] = []
         #: Queues a pause notification said are paused: their insert notifications
         #: wake nobody (the fetch would find nothing). Only a hint — the fetch statement
@@ -162,6 +166,15 @@ class WorkerRun:
             raise SchemaMissingError(LIMITS_BRANCH, "the worker declares limits")
         for warning in unhandled_kind_limits(worker.limits, [h.kind.name for h in handlers]):
             log.warning("%s", warning)
+        # Before the heartbeat row exists: this process must not count as serving (or
+        # naming) its own queues.
+        worker.queue_notes.check(
+            self.engine,
+            worker_id=worker.id,
+            queues=worker.queues,
+            handlers=handlers,
+            periodic=worker.periodic,
+        )
         self.pool = HandlerThreads("sa_jobs-job", worker.stuck_thread_limit, self._release_slot)
         writer = OutcomeWriter(
             self.engine,
@@ -317,6 +330,7 @@ class WorkerRun:
         _log_ending(job, outcome)
         with self._lock:
             self._executions.pop(job.id, None)
+            self.settled_count += 1
         if by_runner:
             self._release_slot(execution)
         else:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Literal, Protocol, TypeVar, cast, overload
 
-from sqlalchemy import URL, Engine, exists, func, select
+from sqlalchemy import URL, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
@@ -30,16 +30,15 @@ from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.hooks import WorkHook, WorkHooks
 from sa_jobs.limits import Limit, check_worker_limits
 from sa_jobs.models import Job
-from sa_jobs.option_checks import check_queue, check_timeout
+from sa_jobs.option_checks import check_timeout
 from sa_jobs.options import UNSET
 from sa_jobs.periodic.definition import PeriodicJob, check_periodic_jobs
-from sa_jobs.queues import queue_not_paused
-from sa_jobs.schema import Features
-from sa_jobs.states import JobState
 from sa_jobs.worker.engines import WorkerEngines
 from sa_jobs.worker.handlers import HandlerRegistry
+from sa_jobs.worker.idle import IdleResult, due_work_left, unserved_due_jobs
 from sa_jobs.worker.maintenance.loop import MaintenanceConfig
 from sa_jobs.worker.notifier import ListenOptions
+from sa_jobs.worker.queue_checks import QueueNotes, check_worker_queues, serve_hint
 from sa_jobs.worker.retry import DEFAULT_RETRY_POLICY, RetryPolicy, retry_delay
 from sa_jobs.worker.run import SHUTDOWN_FLUSH_TIMEOUT, WorkerRun
 
@@ -88,7 +87,9 @@ class Worker:
             connection. With an ``AsyncEngine``, async handlers' sessions use it (with a
             pool of their own) and the worker's threads use ``sync_engine``.
         queues: Queue name to concurrency (jobs of that queue run at once in this
-            process). Default ``{"default": 10}``.
+            process), a mapping: ``{"mail": 10}``. Default ``{"default": 10}``. At start
+            the worker warns about a handler whose kind defaults to a queue it does not
+            serve, and about a queue nothing else names (a typo?).
         job_timeout: Default run time limit; ``None`` (or a negative duration) for none.
             Longer than 365 days is clamped to it.
         retry_policy: When failed jobs run again; default ``attempt ** 4`` s, jittered.
@@ -151,7 +152,9 @@ class Worker:
         self._run: WorkerRun | None = None
         self._stuck_limit_given = stuck_thread_limit
         self._limits: tuple[Limit, ...] = ()
-        self.queues = dict(queues if queues is not None else {"default": 10})
+        #: What was said at start about the queues (each finding once).
+        self.queue_notes = QueueNotes()
+        self.queues = queues if queues is not None else {"default": 10}
         self._limits = check_worker_limits(limits, self.queues)
         self.id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         if retry_policy is not None and not callable(getattr(retry_policy, "next_delay", None)):
@@ -194,8 +197,7 @@ class Worker:
     def queues(self, queues: Mapping[str, int]) -> None:
         if self._run is not None:
             raise InvalidOptionsError("queues", "cannot change while the worker runs; stop() it")
-        checked = dict(queues)
-        _check_queues(checked)
+        checked = check_worker_queues(queues)
         check_worker_limits(self._limits, checked)
         self._queues = checked
         if self._stuck_limit_given is None:
@@ -315,11 +317,11 @@ class Worker:
         """:meth:`stop` without blocking the caller's event loop."""
         await asyncio.to_thread(self.stop, cancel, timeout, flush_timeout=flush_timeout)
 
-    async def run_until_idle_async(self, timeout: float | None = 60.0) -> None:
+    async def run_until_idle_async(self, timeout: float | None = 60.0) -> IdleResult:
         """:meth:`run_until_idle` without blocking the caller's event loop. Cancelling
         the awaiting task stops the worker (gracefully) before the cancellation goes on."""
         try:
-            await asyncio.to_thread(self.run_until_idle, timeout)
+            return await asyncio.to_thread(self.run_until_idle, timeout)
         except asyncio.CancelledError:
             # The thread would otherwise drain on, unseen, after the task is gone.
             await asyncio.to_thread(self.stop)
@@ -348,7 +350,7 @@ class Worker:
                 pass
             self.stop(cancel=run.cancel_requested.is_set())
 
-    def run_until_idle(self, timeout: float | None = 60.0) -> None:
+    def run_until_idle(self, timeout: float | None = 60.0) -> IdleResult:
         """Work every job that is due now in this worker's queues, then stop.
 
         Scheduled and retryable jobs that become due meanwhile are worked too; jobs due
@@ -359,15 +361,25 @@ class Worker:
         SIGTERM/SIGINT, as :meth:`run` does (a second signal cancels the running jobs);
         what is left stays queued.
 
+        Due jobs of queues this worker does not serve are not its work, but they are
+        counted, logged as a warning, and returned: a script that "worked everything"
+        learns that a job still waits in a queue nobody served.
+
+        Returns:
+            An :class:`~sa_jobs.worker.idle.IdleResult`: attempts worked, available jobs
+            left in queues this worker does not serve (``unserved``), and whether it
+            stopped early.
+
         Raises:
             TimeoutError: still busy after ``timeout`` seconds (the worker is stopped).
         """
         self.start()
         run = self._run
         if run is None:  # stop() from another thread got in first
-            return
+            return IdleResult(stopped_early=True)
         deadline = None if timeout is None else time.monotonic() + timeout
         stop_requested = run.stop_requested
+        stopped_early, unserved = True, {}
         try:
             with self._signals_stop(run):
                 while not stop_requested.is_set():
@@ -380,15 +392,35 @@ class Worker:
                         # A short wait: the drain's end is noticed within 5 ms, without
                         # taking the GIL from the handlers every couple of milliseconds.
                         stop_requested.wait(0.005)
-                    if not promoted and not self._due_work_left():
-                        return
+                    if stop_requested.is_set():
+                        break
+                    if not promoted and not due_work_left(self.engine, self.queues):
+                        stopped_early, unserved = False, self._report_unserved()
+                        break
                     if self._limits:
                         # Due jobs a limit holds back (their scope is full elsewhere, or
                         # its rate is spent) are looked for again after a pause, not at once.
                         stop_requested.wait(LIMITED_RECHECK)
-                log.info("stopped before the queues were idle; what is left stays queued")
+                if stopped_early:
+                    log.info("stopped before the queues were idle; what is left stays queued")
         finally:
             self.stop(cancel=run.cancel_requested.is_set())
+        # Counted after stop(): the jobs still running when a signal came have ended.
+        return IdleResult(worked=run.settled_count, unserved=unserved, stopped_early=stopped_early)
+
+    def _report_unserved(self) -> dict[str, int]:
+        unserved = unserved_due_jobs(self.engine, self.queues)
+        if unserved:
+            counts = ", ".join(f"{queue!r} ({count})" for queue, count in unserved.items())
+            served = ", ".join(repr(queue) for queue in self.queues)
+            log.warning(
+                "idle, but available jobs remain in queues this worker does not serve: %s "
+                "(it serves %s); they wait until a worker serves them: %s",
+                counts,
+                served,
+                serve_hint(self.queues, unserved),
+            )
+        return unserved
 
     def stop(
         self,
@@ -431,11 +463,18 @@ class Worker:
             return
 
         def on_signal(signum: int, _frame: object) -> None:
+            name = signal.Signals(signum).name
             if run.stop_requested.is_set():
-                log.info("second %s: cancelling running jobs", signal.Signals(signum).name)
+                log.info("second %s: cancelling running jobs", name)
                 run.request_stop(cancel=True)
             else:
-                log.info("%s: finishing running jobs, then stopping", signal.Signals(signum).name)
+                # No lock here: the main thread may hold one when the signal arrives.
+                log.info(
+                    "%s: finishing running jobs, then stopping; a second SIGINT or SIGTERM "
+                    "(Ctrl-C again) cancels them, and they go back to 'available' without "
+                    "spending an attempt",
+                    name,
+                )
                 run.request_stop(cancel=False)
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
@@ -450,19 +489,6 @@ class Worker:
         run = self._run
         return run.cancel_running(job_id) if run is not None else False
 
-    def _due_work_left(self) -> bool:
-        queues = list(self.queues)
-        conditions = [
-            Job.queue.in_(queues),
-            Job.scheduled_at <= func.now(),
-            Job.state.in_([JobState.AVAILABLE, JobState.SCHEDULED, JobState.RETRYABLE]),
-        ]
-        with self.engine.connect() as connection:
-            if Features.of(connection).queue:
-                # A paused queue's jobs are not work this worker could do now.
-                conditions.append(queue_not_paused(Job.queue))
-            return bool(connection.scalar(select(exists().where(*conditions))))
-
 
 def _positive(option: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
@@ -470,14 +496,3 @@ def _positive(option: str, value: object) -> float:
     if value == float("inf"):
         raise InvalidOptionsError(option, "must be finite")
     return float(value)
-
-
-def _check_queues(queues: Mapping[str, int]) -> None:
-    if not queues:
-        raise InvalidOptionsError("queues", "name at least one queue, e.g. {'default': 10}")
-    for name, concurrency in queues.items():
-        check_queue(name)
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise InvalidOptionsError(
-                "queues", f"concurrency of queue {name!r} must be a positive int"
-            )

@@ -4,6 +4,7 @@ real uvicorn server, the real database and a real worker."""
 from __future__ import annotations
 
 import datetime as dt
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -273,3 +274,163 @@ def test_reading_works_without_javascript(engine: Engine, base_url: str, browser
             expect(page.get_by_role("heading", level=1)).to_be_visible()
     finally:
         context.close()
+
+
+# ---------------------------------------------------------------------- issue 22: reading it
+
+
+@sa_jobs.job_args(kind="dashboard_browser_hold")
+class Hold:
+    n: int = 0
+
+
+#: Set to let Hold's handler return.
+released = threading.Event()
+
+
+def test_each_list_says_when_its_jobs_run_and_offers_only_what_applies(
+    engine: Engine, base_url: str, page: Page
+) -> None:
+    worker = make_worker(engine, queues={"default": 1})
+    worker.handler(Hold)(lambda job: released.wait(10))
+    retrying = make_job(
+        engine,
+        state=JobState.RETRYABLE,
+        attempt=1,
+        scheduled_at=dt.timedelta(minutes=3, seconds=20),
+    )
+    done = make_job(
+        engine,
+        kind="dashboard_browser_done",
+        state=JobState.COMPLETED,
+        attempt=1,
+        attempted_at=dt.timedelta(minutes=-2, seconds=-6),
+        finalized_at=dt.timedelta(minutes=-2),
+    )
+    released.clear()
+    try:
+        with running(worker):
+            held = add_job(engine, Hold(1))
+            runner = wait_for_state(engine, held, JobState.RUNNING).attempted_by
+            assert runner
+
+            page.goto(base_url + "/jobs")
+            tabs = page.get_by_role("navigation", name="Job counts")
+            expect(tabs.get_by_role("link", name="running 1", exact=True)).to_be_visible()
+            expect(tabs.get_by_role("link", name="retryable 1", exact=True)).to_be_visible()
+            expect(tabs.get_by_role("link", name="all 3", exact=True)).to_be_visible()
+            # The filters suggest the names they know (a datalist: no script needed).
+            expect(page.get_by_label("Kind")).to_have_attribute("list", "known-kinds")
+            expect(
+                page.locator('#known-kinds option[value="dashboard_browser_done"]')
+            ).to_have_count(1)
+            expect(page.locator('#known-queues option[value="default"]')).to_have_count(1)
+
+            tabs.get_by_role("link", name="running 1", exact=True).click()
+            row = page.locator("table.jobs tbody tr", has_text="dashboard_browser_hold")
+            expect(row.locator("td.worker")).to_have_text(runner[-1])
+            expect(row.locator("td.running-for")).to_have_text(re.compile(r"^\d+(\.\d)? (ms|s)$"))
+            # Running jobs are neither deleted nor retried: no button that would say 400.
+            expect(page.get_by_role("button", name="Cancel all…")).to_be_visible()
+            for refused in ("Delete all…", "Retry all…", "Delete…", "Retry…"):
+                expect(page.get_by_role("button", name=refused, exact=True)).to_have_count(0)
+            expect(page.locator(".not-offered")).to_contain_text("cancel them first")
+
+            tabs.get_by_role("link", name="retryable 1", exact=True).click()
+            expect(page.get_by_role("columnheader", name="next attempt")).to_be_visible()
+            cell = page.locator(
+                "table.jobs tbody tr", has=page.get_by_role("link", name=str(retrying), exact=True)
+            ).locator("td.next-attempt")
+            expect(cell).to_have_text("in 3 min")
+            expect(cell).to_have_attribute(
+                "title", re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$")
+            )
+
+            tabs.get_by_role("link", name="completed 1", exact=True).click()
+            row = page.locator(
+                "table.jobs tbody tr", has=page.get_by_role("link", name=str(done), exact=True)
+            )
+            expect(row.locator("td.finished")).to_have_text("2 min ago")
+            expect(row.locator("td.duration")).to_have_text("6.0 s")
+            expect(page.get_by_role("button", name="Cancel all…")).to_have_count(0)
+            released.set()
+            wait_for_state(engine, held, JobState.COMPLETED)
+    finally:
+        released.set()
+
+
+@sa_jobs.job_args(
+    kind="dashboard_browser_customer",
+    sequence=sa_jobs.SequenceOpts(by_args=True),
+    max_attempts=1,
+)
+class CustomerSync:
+    customer_id: int = sa_jobs.field(sequence=True)
+    full: bool = False
+
+
+def test_a_halted_sequence_reads_as_its_customer_and_its_error_as_minutes_ago(
+    engine: Engine, base_url: str, page: Page
+) -> None:
+    worker = make_worker(engine)
+
+    @worker.handler(CustomerSync)
+    def sync(job: sa_jobs.Job[CustomerSync]) -> None:
+        raise RuntimeError(f"upstream refused customer {job.args.customer_id}")
+
+    first = add_job(engine, CustomerSync(42))
+    add_job(engine, CustomerSync(42, full=True))  # waits behind the first
+    with running(worker):
+        wait_for_state(engine, first, JobState.DISCARDED)
+    key = job_row(engine, first).sequence_key
+    assert key is not None
+
+    page.goto(base_url + "/sequences")
+    row = page.locator("tbody tr", has_text="dashboard_browser_customer")
+    expect(row.locator(".sequence-parts")).to_have_text(
+        re.compile(r"customer_id=42\s+kind\s+dashboard_browser_customer")
+    )
+    expect(row.locator(".sequence-parts")).to_have_attribute("title", f"sequence key {key.hex()}")
+    expect(row).not_to_contain_text(key.hex()[:16])
+
+    row.get_by_role("link", name=str(first), exact=True).click()
+    fields = page.locator("table.fields")
+    expect(fields).to_contain_text("customer_id=42")
+    expect(fields).not_to_contain_text(key.hex())
+    expect(fields).not_to_contain_text("full=")
+    at = page.locator(".error-record .error-at")
+    expect(at).to_have_text(re.compile(r"^\d+(\.\d)? (ms|s) ago$"))
+    expect(at).to_have_attribute("title", re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC$"))
+
+
+@sa_jobs.job_args(kind="dashboard_browser_mail", queue="mail")
+class Mail:
+    to: str = ""
+
+
+def test_the_overview_points_at_a_queue_no_worker_serves_until_one_does(
+    engine: Engine, base_url: str, page: Page
+) -> None:
+    default_only = make_worker(engine)  # Worker(engine) serves "default" alone
+    default_only.handler(Mail)(lambda job: None)
+    with running(default_only):
+        job_id = add_job(engine, Mail("ops@example.com"))  # its kind's queue: mail
+        page.goto(base_url + "/")
+        alert = page.locator("#unserved")
+        expect(alert).to_be_visible()
+        expect(alert).to_contain_text("mail: 1 available")
+        expect(alert).to_contain_text("0 workers")
+        expect(alert).to_contain_text("-q mail=N")
+        mail = page.locator("table.queues tbody tr", has_text="mail")
+        expect(mail.locator(".badge")).to_have_text("no worker")
+        expect(
+            page.locator("table.queues tbody tr", has_text="default").locator(".badge")
+        ).to_have_count(0)
+
+        serving_mail = make_worker(engine, queues={"mail": 1})
+        serving_mail.handler(Mail)(lambda job: None)
+        with running(serving_mail):
+            wait_for_state(engine, job_id, JobState.COMPLETED)
+            page.reload()
+            expect(page.locator("#unserved")).to_have_count(0)
+            expect(mail.locator("td.workers")).to_have_text("1")

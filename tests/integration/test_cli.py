@@ -340,7 +340,7 @@ def test_migrate_over_a_schema_installed_by_another_alembic_env_fails_with_one_l
         ("no_colon", "'no_colon' is not MODULE:ATTRIBUTE"),
         ("no_such_module_anywhere:worker", "cannot import module 'no_such_module_anywhere'"),
         ("tests.integration.cli_worker_app:missing", "has no attribute 'missing'"),
-        ("tests.integration.cli_worker_app:not_a_worker", "is a int, not a sa_jobs.Worker"),
+        ("tests.integration.cli_worker_app:not_a_worker", "is an int, not a sa_jobs.Worker"),
     ],
 )
 def test_work_explains_a_target_it_cannot_use(

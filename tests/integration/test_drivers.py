@@ -398,7 +398,7 @@ def test_engine_options_of_the_wrong_kind_are_refused_with_what_to_pass(engine: 
         sa_jobs.Worker("postgresql://localhost/app")  # type: ignore[arg-type]
     with pytest.raises(InvalidOptionsError, match="sync_engine: is for a worker given an Async"):
         sa_jobs.Worker(engine, sync_engine=engine)
-    with pytest.raises(InvalidOptionsError, match="async_engine: must be a AsyncEngine"):
+    with pytest.raises(InvalidOptionsError, match="async_engine: must be an AsyncEngine"):
         sa_jobs.Worker(engine, async_engine=engine)  # type: ignore[arg-type]
 
 

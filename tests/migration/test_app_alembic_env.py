@@ -42,8 +42,11 @@ path_separator = space
 revision_environment = true
 """
 
-#: The recipe's env.py; {hooks} is empty for an env that uses plain Alembic only.
+#: The recipe's env.py; {hooks} and {check} are empty for an env that uses plain Alembic
+#: only.
 ENV_PY = """\
+import logging
+
 import sqlalchemy as sa
 from alembic import context
 
@@ -58,6 +61,9 @@ sa.Table(
     sa.Column("total_cents", sa.BigInteger, nullable=False),
 )
 
+# Alembic's INFO lines, as the default alembic.ini shows them.
+logging.basicConfig(level=logging.INFO, format="%(levelname)s [%(name)s] %(message)s")
+
 engine = sa.create_engine(context.get_x_argument(as_dictionary=True)["url"])
 with engine.connect() as connection:
     context.configure(
@@ -66,6 +72,7 @@ with engine.connect() as connection:
         {hooks}
     )
     with context.begin_transaction():
+        {check}
         context.run_migrations()
     connection.commit()
 """
@@ -171,10 +178,17 @@ class App:
         return sorted(set(self.versions.glob("*.py")) - before)
 
 
-def make_app(home: Path, url: URL, engine: Engine, *, hooks: bool, versions: str) -> App:
+#: The pre-check the recipe calls before run_migrations().
+CHECK = "alembic_env.check_downgrade(context)"
+
+
+def make_app(
+    home: Path, url: URL, engine: Engine, *, hooks: bool, versions: str, check: bool = True
+) -> App:
     (home / "versions").mkdir(parents=True)
     (home / "alembic.ini").write_text(ALEMBIC_INI.format(versions=versions))
-    (home / "env.py").write_text(ENV_PY.format(hooks=HOOKS if hooks else ""))
+    env_py = ENV_PY.format(hooks=HOOKS if hooks else "", check=CHECK if hooks and check else "")
+    (home / "env.py").write_text(env_py)
     shutil.copy(REPO / "alembic" / "script.py.mako", home / "script.py.mako")
     (home / "versions" / "app_0001_invoice.py").write_text(APP_REVISION)
     return App(home, url, engine, hooks)
@@ -370,15 +384,18 @@ def test_branches_can_be_installed_and_removed_one_by_one(app: App) -> None:
     assert "unique_key" not in app.job_columns()
 
 
+@pytest.mark.parametrize("check", [True, False], ids=["pre_check", "on_version_apply_only"])
 def test_with_the_hooks_a_bare_downgrade_minus_one_is_refused_and_changes_nothing(
-    hooked_app: App,
+    tmp_path: Path, blank: tuple[URL, Engine], check: bool
 ) -> None:
-    app = hooked_app
+    app = make_app(
+        tmp_path / "app", *blank, hooks=True, versions="sa_jobs:migrations/versions", check=check
+    )
     app.alembic("upgrade", "heads")
     installed = app.current()
     columns = app.job_columns()
 
-    error = hooked_app.alembic_fails("downgrade", "-1")
+    error = app.alembic_fails("downgrade", "-1")
 
     assert "ambiguous" in error
     assert "@-1" in error
@@ -386,6 +403,8 @@ def test_with_the_hooks_a_bare_downgrade_minus_one_is_refused_and_changes_nothin
     assert app.current() == installed
     assert app.job_columns() == columns
     assert "app_invoice" in app.tables()
+    # With the pre-check, Alembic never announces a step it is not going to take.
+    assert ("Running downgrade" in error) is not check
 
 
 def test_with_the_hooks_downgrade_minus_one_from_a_single_installed_head_still_works(

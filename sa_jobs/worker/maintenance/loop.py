@@ -30,15 +30,20 @@ from sa_jobs.worker.maintenance.cleaner import Cleaner, Retention
 from sa_jobs.worker.maintenance.heartbeat import Heartbeat
 from sa_jobs.worker.maintenance.leader import LeaderElection
 from sa_jobs.worker.maintenance.missed_cancels import MissedCancels
-from sa_jobs.worker.maintenance.periodic import PeriodicRetirer
+from sa_jobs.worker.maintenance.periodic import REGISTER_INTERVAL, PeriodicRetirer
 from sa_jobs.worker.maintenance.rescuer import Rescuer, RetryDelay
 from sa_jobs.worker.maintenance.scheduler import Scheduler
 from sa_jobs.worker.maintenance.sequence_repair import SequenceRepair
 from sa_jobs.worker.service import Service
 
-__all__ = ["MaintenanceConfig", "MaintenanceLoop"]
+__all__ = ["MIN_PERIODIC_RETIRE_AFTER", "MaintenanceConfig", "MaintenanceLoop"]
 
 log = logging.getLogger("sa_jobs.worker")
+
+#: The shortest ``periodic_retire_after``: two of the workers' re-registrations
+#: (``REGISTER_INTERVAL``, a minute), so that one late or failed registration of a running
+#: worker never lets its rows look abandoned.
+MIN_PERIODIC_RETIRE_AFTER = 2 * REGISTER_INTERVAL
 
 
 def _positive(_instance: object, attribute: attrs.Attribute[float], value: float) -> None:
@@ -63,7 +68,10 @@ class MaintenanceConfig:
         periodic_interval: How often a process with periodic jobs looks for due ones
             (on its own thread).
         periodic_retire_after: A periodic job's row is deleted once no worker has had
-            it in its code for this long (default 7 days).
+            it in its code for this long (default 7 days). At least
+            :data:`MIN_PERIODIC_RETIRE_AFTER` (two minutes): running workers mark their
+            periodic jobs seen once a minute, and a row retired under a running worker
+            loses its state (an interval's phase restarts, ``run_on_start`` fires again).
     """
 
     heartbeat_interval: float = attrs.field(default=5.0, validator=_positive)
@@ -82,6 +90,15 @@ class MaintenanceConfig:
                 "rescue_after",
                 f"{self.rescue_after} s must exceed twice heartbeat_interval "
                 f"({self.heartbeat_interval} s), or live workers' jobs would be rescued",
+            )
+        if self.periodic_retire_after < MIN_PERIODIC_RETIRE_AFTER:
+            raise InvalidOptionsError(
+                "periodic_retire_after",
+                f"{self.periodic_retire_after} s is under the minimum of "
+                f"{MIN_PERIODIC_RETIRE_AFTER:.0f} s: running workers mark their periodic jobs "
+                f"seen every {REGISTER_INTERVAL:.0f} s, so a shorter grace would retire the "
+                "schedules of workers that still have them (restarting an interval's phase, "
+                "firing run_on_start again); the default is 7 days",
             )
         if self.leader_ttl <= self.heartbeat_interval:
             raise InvalidOptionsError(
