@@ -40,7 +40,7 @@ def test_a_url_naming_another_database_is_refused_naming_both(
     err = capsys.readouterr().err
     assert code == 2, err
     assert len(err.strip().splitlines()) == 1, err
-    assert f"--url names database {core_only_url.database!r} at 127.0.0.1:5432" in err
+    assert f"--url names database {core_only_url.database!r} at {_server(core_only_url)}" in err
     assert f"builds its own engine on database {database_url.database!r}" in err
     assert "leave --url out" in err
     # Nothing was worked, on either database.
@@ -76,6 +76,11 @@ def test_the_same_database_spelt_another_way_is_worked(
     assert job_row(engine, job_id).state is JobState.COMPLETED
     said = [r.getMessage() for r in caplog.records if "its own engine" in r.getMessage()]
     assert said == [
-        f"{APP} works database {database_url.database!r} at 127.0.0.1:5432 "
+        f"{APP} works database {database_url.database!r} at {_server(database_url)} "
         "(its own engine; --url names the same)"
     ]
+
+
+def _server(url: URL) -> str:
+    """``host:port`` as the messages name the test server (not always 127.0.0.1:5432)."""
+    return f"{url.host}:{url.port or 5432}"
