@@ -16,7 +16,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from sa_jobs.errors import InvalidJobArgsError
+from sa_jobs.errors import InvalidJobArgsError, a_or_an
 
 __all__ = [
     "MAX_DEPTH",
@@ -142,7 +142,7 @@ def find_unstorable(data: Any) -> Unstorable | None:
         else:
             return _found(
                 entry,
-                f"a {type(value).__name__} ({value!r:.60})",
+                f"{a_or_an(type(value).__name__)} ({value!r:.60})",
                 ", which the converter does not know; register an unstructure hook for it on "
                 "the kind's converter",
             )
