@@ -81,8 +81,30 @@ class JobKind:
     list_field: str | None = None
 
     def encode(self, args: object) -> Any:
-        data = self.converter.to_json(args)
+        """The JSON stored for ``args``, checked to read back as given.
+
+        Raises:
+            InvalidJobArgsError: the converter's refusal, naming this kind.
+        """
+        try:
+            data = self.converter.to_json(args)
+        except InvalidJobArgsError as exc:
+            raise InvalidJobArgsError(f"kind {self.name!r}: {exc}") from exc.__cause__
         return data[self.list_field] if self.list_field is not None else data
+
+    def check_stored(self, data: Any) -> None:
+        """Refuse stored JSON given as it is (a ``Job`` built by hand) that the worker
+        could not read back, or would read back as other JSON.
+
+        Raises:
+            InvalidJobArgsError: naming this kind, the field, the value and its type.
+        """
+        if self.list_field is not None and isinstance(data, list):
+            data = {self.list_field: data}
+        try:
+            self.converter.check_stored(self.args_class, data)
+        except InvalidJobArgsError as exc:
+            raise InvalidJobArgsError(f"kind {self.name!r}: {exc}") from exc.__cause__
 
     def decode(self, data: Any) -> Any:
         if self.list_field is not None:

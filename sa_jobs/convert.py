@@ -29,7 +29,6 @@ register hooks on).
 from __future__ import annotations
 
 import collections.abc as cabc
-import dataclasses
 import datetime as dt
 import enum
 import threading
@@ -41,14 +40,15 @@ from collections.abc import Set as AbstractSet
 from decimal import Decimal
 from typing import Any, TypeVar
 
-import attrs
 import cattrs
 from cattrs.errors import StructureHandlerNotFoundError
 from cattrs.strategies import configure_union_passthrough
 from cattrs.v import format_exception
 
+from sa_jobs.args_check import check_reads_back, explain_unstorable, explain_unwritable
+from sa_jobs.args_paths import Unresolved, is_record, record_field_types
 from sa_jobs.errors import InvalidJobArgsError
-from sa_jobs.jsonvalue import MAX_DEPTH, check_json_document, dumps
+from sa_jobs.jsonvalue import MAX_DEPTH, dumps, find_unstorable
 
 __all__ = ["ArgsConverter", "default_converter"]
 
@@ -80,7 +80,7 @@ class ArgsConverter:
         with self._lock:
             try:
                 problem = _undecodable(self.cattrs, cls, cls.__qualname__, set())
-            except _Unresolved as exc:
+            except Unresolved as exc:
                 if unresolved_ok:
                     return
                 raise InvalidJobArgsError(str(exc)) from exc.__cause__
@@ -94,21 +94,29 @@ class ArgsConverter:
     def to_json(self, args: object) -> dict[str, Any]:
         """Return the JSON object stored in the job row for ``args``.
 
+        The JSON is read back as the worker will read it, and must give back the same
+        document (:func:`sa_jobs.args_check.check_reads_back`): a wrong-typed value is
+        refused here rather than failing every attempt later.
+
         Raises:
-            InvalidJobArgsError: the value cannot be stored faithfully.
+            InvalidJobArgsError: the value cannot be stored faithfully, naming the field,
+                the value and the declared type.
         """
         cls = type(args)
         self.check_class(cls)
         try:
             data = self.cattrs.unstructure(args, unstructure_as=cls)
-        except InvalidJobArgsError:
-            raise
         except RecursionError:
             raise InvalidJobArgsError(
                 f"{cls.__qualname__} args are nested more than {MAX_DEPTH} levels deep; "
                 "flatten them"
             ) from None
         except Exception as exc:
+            where = explain_unwritable(self.cattrs, cls, args)
+            if where is not None:
+                raise InvalidJobArgsError(where) from None
+            if isinstance(exc, InvalidJobArgsError):
+                raise
             raise InvalidJobArgsError(
                 f"cannot convert {cls.__qualname__} args to JSON: {exc}; register an unstructure "
                 "hook for that type on the kind's converter"
@@ -117,8 +125,21 @@ class ArgsConverter:
             raise InvalidJobArgsError(
                 f"{cls.__qualname__} args must convert to a JSON object, got {type(data).__name__}"
             )
-        check_json_document(data, cls.__qualname__)
+        problem = find_unstorable(data)
+        if problem is not None:
+            raise InvalidJobArgsError(explain_unstorable(cls, args, problem))
+        check_reads_back(self.cattrs, cls, data, args)
         return data
+
+    def check_stored(self, cls: type, data: Any) -> None:
+        """Refuse JSON given as it is (a ``Job`` built by hand) that the worker could not
+        read back as an instance of ``cls``, or would read back as other JSON.
+
+        Raises:
+            InvalidJobArgsError: naming the field, the value and the declared type.
+        """
+        self.check_class(cls)
+        check_reads_back(self.cattrs, cls, data)
 
     def from_json(self, cls: type[T], data: Any) -> T:
         """Build an instance of ``cls`` from the JSON stored in a job row.
@@ -229,32 +250,9 @@ def _shape(tp: Any) -> _Shape | None:
         return _Shape.STRING
     if issubclass(origin, _ARRAY_ORIGINS):
         return _Shape.ARRAY
-    if issubclass(origin, _OBJECT_ORIGINS) or _is_record(origin):
+    if issubclass(origin, _OBJECT_ORIGINS) or is_record(origin):
         return _Shape.OBJECT
     return None
-
-
-def _is_record(tp: Any) -> bool:
-    """An attrs class or a dataclass: a JSON object of its fields, which cattrs knows."""
-    return isinstance(tp, type) and (attrs.has(tp) or dataclasses.is_dataclass(tp))
-
-
-def _record_field_types(tp: type) -> list[tuple[str, Any]]:
-    """Each field's name and resolved type (string annotations evaluated)."""
-    try:
-        if attrs.has(tp):
-            attrs.resolve_types(tp)
-            return [(item.name, item.type) for item in attrs.fields(tp)]
-        hints = typing.get_type_hints(tp)
-    except NameError as exc:
-        raise _Unresolved(
-            f"cannot resolve the type annotations of {tp.__qualname__}: {exc}"
-        ) from exc
-    return [(item.name, hints.get(item.name, Any)) for item in dataclasses.fields(tp)]
-
-
-class _Unresolved(Exception):
-    """An annotation names something not defined (yet)."""
 
 
 def _undecodable(converter: cattrs.Converter, tp: Any, where: str, seen: set[Any]) -> str | None:
@@ -263,11 +261,11 @@ def _undecodable(converter: cattrs.Converter, tp: Any, where: str, seen: set[Any
         return None
     if tp is object:
         return f"{where} is annotated `object`; use typing.Any for free-form JSON"
-    if _is_record(tp):
+    if is_record(tp):
         if tp in seen:
             return None
         seen.add(tp)
-        for name, field_type in _record_field_types(tp):
+        for name, field_type in record_field_types(tp):
             problem = _undecodable(converter, field_type, f"{where}.{name}", seen)
             if problem is not None:
                 return problem
@@ -317,7 +315,7 @@ def _undecodable_union(
     by_shape: dict[_Shape | None, list[Any]] = {}
     for member in members:
         by_shape.setdefault(_shape(member), []).append(member)
-    records = [m for m in by_shape.get(_Shape.OBJECT, []) if _is_record(m)]
+    records = [m for m in by_shape.get(_Shape.OBJECT, []) if is_record(m)]
     for shape, alike in by_shape.items():
         if shape is _Shape.NUMBER and all(m in (int, float) for m in alike):
             continue  # an int and a float stay apart in JSON

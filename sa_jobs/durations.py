@@ -13,9 +13,10 @@ kind of value is checked where it is made:
 * **TTLs** (``UniqueOpts.ttl``): at least one second, at most :data:`MAX_TTL`
   (365 days); anything else raises.
 * **Instants** (``scheduled_at``, and ``scheduled_at + ttl``): their UTC instant must lie
-  between :data:`EARLIEST_INSTANT` and :data:`LATEST_INSTANT`, a day inside what both
-  PostgreSQL and Python can represent in any time zone, so a stored value can always be
-  read back. The core schema enforces the same range with a CHECK.
+  between :data:`EARLIEST_INSTANT` and :data:`LATEST_INSTANT` (0001-01-02 00:00:00 and
+  9999-12-30 00:00:00 UTC, both included), a day inside what both PostgreSQL and Python
+  can represent in any time zone, so a stored value can always be read back. The core
+  schema enforces exactly the same range with a CHECK.
 
 This module is a leaf (it imports nothing of sa_jobs): its checks raise ``ValueError``
 with a message, which callers turn into :class:`~sa_jobs.errors.InvalidOptionsError`
@@ -33,6 +34,7 @@ __all__ = [
     "MAX_DELAY",
     "MAX_TIMEOUT",
     "MAX_TTL",
+    "RANGE_TEXT",
     "check_instant",
     "delay_seconds",
 ]
@@ -89,7 +91,16 @@ def check_instant(value: dt.datetime, *, plus: dt.timedelta | None = None) -> No
 
 def _out_of_range(value: dt.datetime, plus: dt.timedelta | None) -> str:
     what = f"{value.isoformat()}" + (f" plus the unique ttl of {plus}" if plus else "")
-    return (
-        f"{what} falls outside the instants sa_jobs can store and read back "
-        f"({EARLIEST_INSTANT.date()} to {LATEST_INSTANT.date()} UTC)"
-    )
+    return f"{what} falls outside the instants sa_jobs can store and read back ({RANGE_TEXT})"
+
+
+def _instant_text(instant: dt.datetime) -> str:
+    return instant.replace(tzinfo=None).isoformat(sep=" ")
+
+
+#: The range as messages and docs say it: both ends are instants, not whole days (the
+#: last day, 9999-12-30, is outside but for its first instant), as the table's CHECK
+#: ``BETWEEN '0001-01-02 00:00:00+00' AND '9999-12-30 00:00:00+00'`` has them.
+RANGE_TEXT = (
+    f"from {_instant_text(EARLIEST_INSTANT)} to {_instant_text(LATEST_INSTANT)} UTC, both included"
+)

@@ -9,13 +9,25 @@ bytes and set ordering use.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import math
+from collections.abc import Iterable
 from typing import Any
 
-from sa_jobs.errors import InvalidJobArgsError
+from sa_jobs.errors import InvalidJobArgsError, a_or_an
 
-__all__ = ["MAX_DEPTH", "check_json_document", "dumps", "unstorable_text"]
+__all__ = [
+    "MAX_DEPTH",
+    "Segment",
+    "Unstorable",
+    "check_json_document",
+    "dumps",
+    "find_unstorable",
+    "render_path",
+    "unstorable_text",
+]
 
 #: How deeply a stored JSON document (args, metadata) may nest.
 MAX_DEPTH = 100
@@ -29,47 +41,128 @@ def dumps(data: Any) -> str:
     return _JSON.encode(data)
 
 
+#: One step of a path into a JSON document: an object key (or a field) or an array index.
+Segment = str | int
+
+
+@dataclasses.dataclass(frozen=True)
+class Unstorable:
+    """A value ``jsonb`` would refuse or change, and where it is.
+
+    Attributes:
+        path: The keys and indices leading to it from the document's root.
+        what: The value, described (``the float nan``).
+        why: Why it cannot be stored, and what to do (from its leading punctuation on).
+        reason: ``depth`` for a document nested too deeply, else ``value``.
+    """
+
+    path: tuple[Segment, ...]
+    what: str
+    why: str
+    reason: str = "value"
+
+    def describe(self, owner: str) -> str:
+        """The error message, for a document belonging to ``owner``."""
+        if self.reason == "depth":
+            return f"{owner} is nested more than {MAX_DEPTH} levels deep; flatten it"
+        at = f" at {render_path('', self.path)}" if self.path else ""
+        return f"{owner} args hold {self.what}{at}{self.why}"
+
+
+def render_path(root: str, path: Iterable[Segment], kinds: Iterable[str] | None = None) -> str:
+    """``root`` followed by ``path``: ``.name`` for a field, ``['key']`` for a key,
+    ``[2]`` for an index; ``kinds`` says which each segment is (``field``, ``key``,
+    ``index``, ``element``), else an int is an index and a string a key."""
+    text = root
+    named: Iterable[str | None] = kinds if kinds is not None else itertools.repeat(None)
+    for segment, kind in zip(path, named, strict=False):
+        if kind is None:
+            kind = "index" if isinstance(segment, int) else "key"
+        if kind == "field":
+            text += f".{segment}" if text else str(segment)
+        elif kind == "element":
+            text += " (an element)"
+        elif kind == "index":
+            text += f"[{segment}]"
+        else:
+            text += f"[{segment!r}]"
+    return text
+
+
 def check_json_document(data: Any, owner: str) -> None:
     """Reject what PostgreSQL's jsonb would refuse or change.
 
     Raises:
         InvalidJobArgsError: saying what, and where.
     """
+    problem = find_unstorable(data)
+    if problem is not None:
+        raise InvalidJobArgsError(problem.describe(owner))
+
+
+def find_unstorable(data: Any) -> Unstorable | None:
+    """The first value of ``data`` that ``jsonb`` would refuse or change, or None."""
     # Iterative, so a document nested past the limit is refused, not a RecursionError.
-    stack: list[tuple[Any, int]] = [(data, 1)]
+    # Each entry keeps its parent entry and its key there; a path is built only for an
+    # error.
+    stack: list[_Entry] = [(data, 1, None, None)]
     while stack:
-        value, depth = stack.pop()
+        entry = stack.pop()
+        value, depth = entry[0], entry[1]
         if isinstance(value, str):
-            _check_json_string(value, owner)
+            problem = unstorable_text(value)
+            if problem is not None:
+                return _found(entry, f"a string with {problem}", _TEXT_ADVICE)
         elif isinstance(value, float):
             if not math.isfinite(value):
-                raise InvalidJobArgsError(
-                    f"{owner} args hold the float {value}, which JSON cannot represent; "
-                    "use None or a Decimal"
+                return _found(
+                    entry,
+                    f"the float {value}",
+                    ", which JSON cannot represent; use None or a Decimal",
                 )
         elif isinstance(value, dict | list | tuple):
             if depth > MAX_DEPTH:
-                raise InvalidJobArgsError(
-                    f"{owner} is nested more than {MAX_DEPTH} levels deep; flatten it"
-                )
+                return Unstorable((), "", "", reason="depth")
             if isinstance(value, dict):
                 for key, item in value.items():
                     if not isinstance(key, str):
-                        raise InvalidJobArgsError(
-                            f"{owner} args hold a dict key {key!r} ({type(key).__name__}); "
-                            "JSON object keys must be strings, so convert the key to a string"
+                        return _found(
+                            entry,
+                            f"a dict key {key!r} ({type(key).__name__})",
+                            "; JSON object keys must be strings, so convert the key to a string",
                         )
-                    _check_json_string(key, owner)
-                    stack.append((item, depth + 1))
+                    problem = unstorable_text(key)
+                    if problem is not None:
+                        return _found(entry, f"a dict key with {problem}", _TEXT_ADVICE)
+                    stack.append((item, depth + 1, entry, key))
             else:
-                stack.extend((item, depth + 1) for item in value)
+                stack.extend((item, depth + 1, entry, index) for index, item in enumerate(value))
         elif value is None or isinstance(value, bool | int):
             continue
         else:
-            raise InvalidJobArgsError(
-                f"{owner} args hold a {type(value).__name__}, which the converter does not know; "
-                "register an unstructure hook for it on the kind's converter"
+            return _found(
+                entry,
+                f"{a_or_an(type(value).__name__)} ({value!r:.60})",
+                ", which the converter does not know; register an unstructure hook for it on "
+                "the kind's converter",
             )
+    return None
+
+
+# (value, depth, parent entry, key or index in the parent)
+_Entry = tuple[Any, int, Any, Segment | None]
+
+_TEXT_ADVICE = ", which PostgreSQL's jsonb cannot store; clean the value or encode it (e.g. base64)"
+
+
+def _found(entry: _Entry, what: str, why: str) -> Unstorable:
+    path: list[Segment] = []
+    while entry[2] is not None:
+        key = entry[3]
+        assert key is not None
+        path.append(key)
+        entry = entry[2]
+    return Unstorable(tuple(reversed(path)), what, why)
 
 
 def unstorable_text(value: str) -> str | None:
@@ -81,12 +174,3 @@ def unstorable_text(value: str) -> str | None:
     except UnicodeEncodeError:
         return "a lone surrogate (not valid Unicode)"
     return None
-
-
-def _check_json_string(value: str, owner: str) -> None:
-    problem = unstorable_text(value)
-    if problem is not None:
-        raise InvalidJobArgsError(
-            f"{owner} args hold a string with {problem}, which PostgreSQL's jsonb cannot "
-            "store; clean the value or encode it (e.g. base64)"
-        )

@@ -89,6 +89,9 @@ def row_of_job(job: Job[Any]) -> JobRow:
             f"for kind {job.kind!r}"
         )
     check_json_document(args_json, f"job of kind {job.kind!r}")
+    if registered is not None:
+        # A kind this process knows: its worker will decode these args, so they must read back.
+        registered.check_stored(args_json)
     return _row(registered, job.kind, args_json, opts.resolve(defaults))
 
 

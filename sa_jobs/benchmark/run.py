@@ -2,8 +2,9 @@
 
 The order is fixed, so runs compare: single enqueues (sa_jobs and the floor taking turns
 job by job), then for each side its bulk enqueue of the jobs it then drains, then
-latency. Every phase starts from an empty table (``TRUNCATE``) and a checkpoint, so no
-phase inherits another's dead rows or dirty pages.
+latency, then the cost of the insert-time args check against those enqueues. Every
+phase starts from an empty table (``TRUNCATE``) and a checkpoint, so no phase inherits
+another's dead rows or dirty pages.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import sa_jobs
-from sa_jobs.benchmark import children, floor, noop
+from sa_jobs.benchmark import args_cost, children, floor, noop
 from sa_jobs.benchmark.report import Figure, Report, environment
 from sa_jobs.devdb import Server, throwaway_database
 from sa_jobs.urls import in_driver
@@ -89,6 +90,9 @@ def _measure(url: URL, engine: Engine, settings: BenchSettings, report: Report, 
         report.figures += _single_phase(url, engine, inserter, settings, say)
         report.figures += _worked_phase(url, engine, inserter, settings, say)
         report.figures += _latency_phase(url, engine, inserter, settings, say)
+        say("args check: timed alone, against this run's enqueues")
+        rates = {figure.key: figure.sa_jobs for figure in report.figures}
+        report.figures += args_cost.figures(rates["enqueue_single"], rates["enqueue_bulk"])
     finally:
         if inserter is not None:
             inserter.close()

@@ -34,8 +34,9 @@ def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
         "$DATABASE_URL, else the local or an embedded one), install the schema, and measure: "
         "single and bulk enqueue rates (plain, and unique by args), worked no-op jobs/s "
         "with the given queues and "
-        "processes, the worker's CPU time per job, and enqueue -> handler start latency on an "
-        "idle worker. --floor also runs the raw-SQL floor on the same database and prints "
+        "processes, the worker's CPU time per job, enqueue -> handler start latency on an "
+        "idle worker, and the insert-time args check's cost as a share of an enqueue. "
+        "--floor also runs the raw-SQL floor on the same database and prints "
         "each figure's ratio to it (the unique rates compare with the plain ones). "
         "The database is dropped at the end; nothing else is "
         "touched. Unlike `work`, these options are read from the command line only.",

@@ -17,13 +17,19 @@ respect each one differs from what was expected::
 
 Every function takes a ``Session`` or an ``AsyncSession``; with an ``AsyncSession`` it
 returns an awaitable (``await assert_enqueued(async_session, SendWelcome)``).
+
+A failed assertion's traceback ends at the test's own line: pytest hides the frames of
+this module (``__tracebackhide__``), and the ``AssertionError`` is raised afresh at the
+call, which drops the frames of ``either_session`` and SQLAlchemy's async bridge.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+import functools
+import inspect
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, ParamSpec, TypeVar, cast
 
 import attrs
 from sqlalchemy import Select, select
@@ -31,7 +37,7 @@ from sqlalchemy.orm import Session
 
 from sa_jobs.args import JobKind, default_registry, kind_of
 from sa_jobs.models import Job
-from sa_jobs.sessions import either_session
+from sa_jobs.sessions import EitherSession, either_session
 from sa_jobs.states import JobState
 
 __all__ = [
@@ -44,10 +50,15 @@ __all__ = [
 WAITING_STATES = (JobState.AVAILABLE, JobState.SCHEDULED, JobState.PENDING, JobState.RETRYABLE)
 """The states the assertions look at by default: jobs that will still run."""
 
+#: What a failure message says when the session sees no job.
+NOTHING_SEEN = "the session sees no job at all"
+
 #: How many jobs a failure message lists (the most recent ones).
 LISTED_JOBS = 20
 
 T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
 KindLike = type | str | object | None
 StateLike = JobState | str | Iterable[JobState | str] | None
 
@@ -220,7 +231,7 @@ def _listing(session: Session, query: _Query) -> str:
     total = len(recent) if len(recent) <= LISTED_JOBS else None
     shown = sorted(recent[:LISTED_JOBS], key=lambda job: job.id)
     if not shown:
-        return "the session sees no job at all"
+        return NOTHING_SEEN
     count = f"the {total}" if total is not None else f"the last {LISTED_JOBS} of the"
     noun = "job" if total == 1 else "jobs"
     lines = [f"{count} {noun} the session sees:"]
@@ -234,6 +245,38 @@ def _listing(session: Session, query: _Query) -> str:
         if differences and (query.kind_name is None or job.kind == query.kind_name):
             lines.append(f"    differs in: {', '.join(differences)}")
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- tracebacks
+
+
+def _short_traceback(function: EitherSession[P, R]) -> EitherSession[P, R]:
+    """``function``, raising its ``AssertionError`` from the caller's line.
+
+    pytest skips frames whose locals hold ``__tracebackhide__``; the frames between (the
+    ``either_session`` wrapper, ``AsyncSession.run_sync`` and its greenlet) are not
+    ours to mark, so the error is raised again here with its traceback cut. Other
+    errors keep theirs: they are for whoever debugs them.
+    """
+
+    @functools.wraps(function)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        try:
+            result = cast(Callable[..., Any], function)(*args, **kwargs)
+        except AssertionError as failure:
+            raise failure.with_traceback(None) from None
+        return _awaited(result) if inspect.isawaitable(result) else result
+
+    return cast(EitherSession[P, R], call)
+
+
+async def _awaited(result: Awaitable[Any]) -> Any:
+    __tracebackhide__ = True
+    try:
+        return await result
+    except AssertionError as failure:
+        raise failure.with_traceback(None) from None
 
 
 # ---------------------------------------------------------------------------- public
@@ -283,6 +326,7 @@ def enqueued_jobs(
     return _matches(session, query)
 
 
+@_short_traceback
 @either_session
 def assert_enqueued(
     session: Session,
@@ -306,6 +350,7 @@ def assert_enqueued(
         AssertionError: nothing matches (or not ``count`` jobs); the message lists the
             jobs the session sees and how each of the kind differs.
     """
+    __tracebackhide__ = True
     if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
         raise TypeError(
             f"count must be a positive int, got {count!r} (use assert_not_enqueued for none)"
@@ -323,13 +368,15 @@ def assert_enqueued(
     found = _matches(session, query)
     if not found or (count is not None and len(found) != count):
         wanted = "a job" if count is None else f"{count} job{'s' if count > 1 else ''}"
+        listing = _listing(session, query)
+        among = f"among {listing}" if listing != NOTHING_SEEN else f"({listing})"
         raise AssertionError(
-            f"expected {wanted} of {query.describe()}; found {len(found) or 'none'} "
-            f"among {_listing(session, query)}"
+            f"expected {wanted} of {query.describe()}; found {len(found) or 'none'} {among}"
         )
     return found[0]
 
 
+@_short_traceback
 @either_session
 def assert_not_enqueued(
     session: Session,
@@ -352,6 +399,7 @@ def assert_not_enqueued(
     Raises:
         AssertionError: something matches; the message lists what.
     """
+    __tracebackhide__ = True
     query = _resolve(
         kind,
         state=state,

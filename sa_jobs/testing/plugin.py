@@ -172,10 +172,12 @@ class JobsTester:
 
     def assert_enqueued(self, kind: KindLike = None, /, **criteria: Any) -> Job[Any]:
         """:func:`~sa_jobs.testing.assert_enqueued` in the test's session."""
+        __tracebackhide__ = True
         return assert_enqueued(self.session, kind, **criteria)
 
     def assert_not_enqueued(self, kind: KindLike = None, /, **criteria: Any) -> None:
         """:func:`~sa_jobs.testing.assert_not_enqueued` in the test's session."""
+        __tracebackhide__ = True
         assert_not_enqueued(self.session, kind, **criteria)
 
 

@@ -29,7 +29,14 @@ FIGURES = [
     "latency_p50",
     "latency_p90",
     "latency_p99",
+    "args_check",
+    "args_check_typical",
+    "args_check_share",
+    "args_check_bulk_share",
 ]
+#: Figures about sa_jobs alone (the unique inserts against the plain ones, the args
+#: check against the enqueues), which have no floor of their own.
+WITHOUT_FLOOR = ("_unique", "args_check")
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +83,7 @@ def test_a_small_run_with_the_floor_reports_every_figure_and_its_ratio_from_the_
     assert list(figures) == FIGURES
     for key, figure in figures.items():
         assert figure["sa_jobs"] > 0, key
-        if key.endswith("_unique"):  # compared with the plain enqueue, not the floor
+        if any(part in key for part in WITHOUT_FLOOR):
             assert figure["floor"] is None and figure["ratio"] is None, key
             continue
         assert figure["floor"] > 0, key
@@ -87,6 +94,16 @@ def test_a_small_run_with_the_floor_reports_every_figure_and_its_ratio_from_the_
     )
     assert figures["worker_cpu_per_job"]["higher_is_better"] is False
     assert figures["worked"]["higher_is_better"] is True
+    # The check's share is its time over the per-job time of the enqueues it names.
+    per_single = 1e6 / figures["enqueue_single"]["sa_jobs"]
+    assert figures["args_check_share"]["sa_jobs"] == pytest.approx(
+        100 * figures["args_check_typical"]["sa_jobs"] / per_single
+    )
+    per_bulk = 1e6 / figures["enqueue_bulk"]["sa_jobs"]
+    assert figures["args_check_bulk_share"]["sa_jobs"] == pytest.approx(
+        100 * figures["args_check"]["sa_jobs"] / per_bulk
+    )
+    assert "args check (typical args) / single enqueue" in stdout
 
     # The printed table is the same run: each line ends with the JSON's ratio.
     for figure in figures.values():

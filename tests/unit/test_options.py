@@ -356,7 +356,21 @@ def test_one_microsecond_outside_the_storable_instants_is_refused(
     scheduled_at: dt.datetime,
 ) -> None:
     error = refused("scheduled_at", scheduled_at=scheduled_at)
-    assert "0001-01-02 to 9999-12-30" in str(error)
+    assert "from 0001-01-02 00:00:00 to 9999-12-30 00:00:00 UTC, both included" in str(error)
+
+
+def test_the_last_days_later_instants_are_refused_by_a_message_that_agrees() -> None:
+    # 9999-12-30 is the last day's date, but only its first instant is storable (the
+    # table's CHECK ends at '9999-12-30 00:00:00+00'); the message must not call the
+    # whole day inside.
+    late = dt.datetime(9999, 12, 30, 23, 59, 59, tzinfo=dt.UTC)
+    early = dt.datetime(1, 1, 1, 23, 59, 59, tzinfo=dt.UTC)
+
+    for instant in (late, early):
+        message = str(refused("scheduled_at", scheduled_at=instant))
+        assert "to 9999-12-30 00:00:00 UTC" in message
+        assert "from 0001-01-02 00:00:00" in message
+        assert "0001-01-02 to 9999-12-30" not in message
 
 
 def test_a_ttl_lock_ending_exactly_at_the_last_instant_is_accepted_and_one_past_is_not() -> None:
