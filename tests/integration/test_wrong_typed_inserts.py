@@ -281,8 +281,12 @@ def test_the_check_accepts_exactly_the_rows_that_read_back_as_themselves(
     kind = kind_of(Mixed)
     cattrs_converter = kind.converter.cattrs
 
+    # Derandomized: the coverage check below counts outcomes of random draws, and with a
+    # fresh seed each run it fell short now and then (7 of 10 "undecodable"); a fixed
+    # sequence of draws makes it a property of the strategy, not of luck.
     @settings(
         max_examples=300,
+        derandomize=True,
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
