@@ -42,12 +42,12 @@ from sqlalchemy import URL, Connection, Engine, create_engine, event, text
 from sqlalchemy.orm import Session
 
 import sa_jobs
+from sa_jobs._declare.options import DEFAULT_UNIQUE_STATES
+from sa_jobs._table.models import states_bitmask
+from sa_jobs._table.schema import Features
 from sa_jobs.benchmark.noop import BenchNoop
 from sa_jobs.benchmark.report import environment
 from sa_jobs.devdb import Server, find_server, throwaway_database
-from sa_jobs.models import states_bitmask
-from sa_jobs.options import DEFAULT_UNIQUE_STATES
-from sa_jobs.schema import Features
 from sa_jobs.worker.maintenance.cleaner import Cleaner, Retention
 from sa_jobs.worker.maintenance.rescuer import Rescuer
 from sa_jobs.worker.maintenance.scheduler import Scheduler

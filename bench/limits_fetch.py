@@ -23,19 +23,19 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, func, text, update
+from _shared import database
+from sqlalchemy import Engine, func, text, update
 from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import ConcurrencyLimit, JobState, RateLimit
-from sa_jobs.devdb import find_server, throwaway_database
-from sa_jobs.limits import Limit
-from sa_jobs.models import Job
-from sa_jobs.schema import Features
+from sa_jobs._declare.limits import Limit
+from sa_jobs._table.models import Job
+from sa_jobs._table.schema import Features
 from sa_jobs.worker.limited_fetch import fetch_limited, plan_limits
 from sa_jobs.worker.producer import fetch_jobs
 
@@ -50,18 +50,6 @@ WITHOUT_LIMITS = [
 @sa_jobs.job_args(kind="bench_limits_noop")
 class Noop:
     n: int = 0
-
-
-@contextmanager
-def database(targets: list[str]) -> Iterator[Engine]:
-    with throwaway_database(find_server(), prefix="sa_jobs_bench_limits") as url:
-        engine = create_engine(url, pool_size=2)
-        for target in targets:
-            sa_jobs.migrate(engine, target)
-        try:
-            yield engine
-        finally:
-            engine.dispose()
 
 
 def fill(engine: Engine, jobs: int) -> None:
@@ -106,8 +94,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=10)
     options = parser.parse_args()
     with ExitStack() as stack:
-        bare = stack.enter_context(database(WITHOUT_LIMITS))
-        full = stack.enter_context(database(["heads"]))
+        bare = stack.enter_context(database("sa_jobs_bench_limits", WITHOUT_LIMITS))
+        full = stack.enter_context(database("sa_jobs_bench_limits", ["heads"]))
         never = 10**9
         variants: dict[str, tuple[Engine, Callable[[int], list[Any]]]] = {
             "plain, no limits branch": (bare, plain(bare)),

@@ -70,7 +70,7 @@ def measure(engine: Engine, rounds: int, say: Callable[[str], None]) -> None:
 
     from sa_jobs.prometheus import QueueCollector
 
-    def read_stats() -> sa_jobs.queue_stats.Stats:
+    def read_stats() -> sa_jobs._inspect.queue_stats.Stats:
         with Session(engine) as session:
             return sa_jobs.stats(session)
 

@@ -38,7 +38,7 @@ from alembic.runtime.migration import MigrationContext, MigrationInfo
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError, coerce_resource_to_filename
 
-from sa_jobs.schema import BRANCHES, CORE_BRANCH
+from sa_jobs._table.schema import BRANCHES, CORE_BRANCH
 
 __all__ = [
     "application_heads",

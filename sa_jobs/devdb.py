@@ -24,7 +24,7 @@ import attrs
 from sqlalchemy import URL, create_engine, make_url, text
 from sqlalchemy.exc import OperationalError
 
-from sa_jobs.urls import ASYNC_FORMS, SYNC_FORMS, in_driver, require_postgresql
+from sa_jobs._base.urls import ASYNC_FORMS, SYNC_FORMS, in_driver, require_postgresql
 
 __all__ = ["Server", "find_server", "running_server", "throwaway_database"]
 

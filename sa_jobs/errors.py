@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import timedelta as _timedelta
 
-from sa_jobs.durations import MAX_DELAY, delay_seconds
+from sa_jobs._base.durations import MAX_DELAY, delay_seconds
 
 
 def a_or_an(noun: str) -> str:
@@ -93,6 +93,37 @@ class InvalidOptionsError(SaJobsError, ValueError):
     def __init__(self, option: str, message: str) -> None:
         self.option = option
         super().__init__(f"{option}: {message}")
+
+
+class InvalidWorkflowError(SaJobsError, ValueError):
+    """A workflow cannot be inserted as declared (a step waiting for something that is
+    not an earlier step of it, two steps with one name, an empty workflow, a callback that
+    is not job args...). Raised before anything is written."""
+
+
+class WorkflowNotFoundError(SaJobsError, LookupError):
+    """No workflow has the given id."""
+
+    def __init__(self, workflow_id: int) -> None:
+        self.workflow_id = workflow_id
+        super().__init__(
+            f"no workflow with id {workflow_id}; use the id insert_workflow() returned"
+        )
+
+
+class UnknownStepError(SaJobsError, LookupError):
+    """``job.output_of(name)`` named no step of the job's workflow."""
+
+    def __init__(self, job_id: int, step: str, workflow_id: int | None) -> None:
+        self.job_id = job_id
+        self.step = step
+        self.workflow_id = workflow_id
+        where = (
+            f"workflow {workflow_id} has no step named {step!r}"
+            if workflow_id is not None
+            else f"job {job_id} is not a step or callback of a workflow"
+        )
+        super().__init__(f"{where}; output_of() takes a step name (Workflow.add(name=...))")
 
 
 class SchemaMissingError(SaJobsError, LookupError):
@@ -183,12 +214,33 @@ class JobCancel(SaJobsError):
         super().__init__(reason)
 
 
+class JobDiscard(SaJobsError):
+    """Raise from a handler to discard the job at once (no more attempts), as if its
+    attempts had run out: it ends ``discarded``, where a cancelled job ends ``cancelled``."""
+
+    def __init__(self, reason: str = "discarded by its handler") -> None:
+        self.reason = reason
+        super().__init__(reason)
+
+
+class RowMissingError(SaJobsError, LookupError):
+    """A referenced row (``sa_jobs.Ref``) does not exist: ``ref.load(session)`` found
+    nothing, or the worker found it gone before the handler ran."""
+
+    def __init__(self, model: str, table: str, pk: tuple[object, ...]) -> None:
+        self.model = model
+        self.table = table
+        self.pk = pk
+        shown = repr(pk[0]) if len(pk) == 1 else repr(pk)
+        super().__init__(f"{model} {shown} does not exist (no row in table {table!r})")
+
+
 class JobSnooze(SaJobsError):
     """Raise from a handler to run the job again after ``delay``, without spending an
     attempt.
 
     ``delay`` is a timedelta or a number of seconds; longer than
-    :data:`sa_jobs.durations.MAX_DELAY` (365 days) is clamped to it.
+    :data:`sa_jobs._base.durations.MAX_DELAY` (365 days) is clamped to it.
 
     Raises:
         InvalidOptionsError: the delay is negative, NaN or infinite (raised where the
@@ -241,4 +293,76 @@ class PeriodicJobNotFoundError(SaJobsError, LookupError):
         super().__init__(
             f"no periodic job named {name!r} in the database; a worker registers its periodic "
             "jobs when it starts (see `sa-jobs periodic list`)"
+        )
+
+
+class InvalidOutputError(SaJobsError, ValueError):
+    """A job's output cannot be stored: it does not convert to the kind's ``output=``
+    type, is not JSON that ``jsonb`` keeps as it is, or is larger than the cap. From a
+    handler's return value it fails that attempt (retried per the retry policy)."""
+
+
+class OutputTooLargeError(InvalidOutputError):
+    """A job's output encodes to more bytes than the cap allows."""
+
+    def __init__(self, kind: str, size: int, limit: int) -> None:
+        self.kind = kind
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"the output of kind {kind!r} encodes to {size} bytes of JSON, over the cap of "
+            f"{limit} bytes; store large results elsewhere (a table, object storage) and "
+            "return a reference, or raise the cap (Worker(max_output_bytes=...) or "
+            "job_args(max_output_bytes=...))"
+        )
+
+
+class WaitError(SaJobsError):
+    """The base of what :func:`sa_jobs.wait_for` raises when a job ended without output
+    to return, or did not end in time."""
+
+    def __init__(self, job_id: int, message: str) -> None:
+        self.job_id = job_id
+        super().__init__(message)
+
+
+class JobDiscardedError(WaitError):
+    """The awaited job was discarded: its attempts ran out (``errors`` holds them)."""
+
+    def __init__(self, job_id: int, errors: list[dict[str, object]]) -> None:
+        self.errors = errors
+        last = errors[-1].get("error") if errors else None
+        super().__init__(
+            job_id,
+            f"job {job_id} was discarded after {len(errors)} failed attempt(s)"
+            + (f"; the last error: {last}" if last else "")
+            + "; retry it (sa_jobs.retry_job) to wait again",
+        )
+
+
+class JobCancelledWaitError(WaitError):
+    """The awaited job was cancelled; ``reason`` is why, when it was recorded."""
+
+    def __init__(self, job_id: int, reason: str | None, metadata: dict[str, object]) -> None:
+        self.reason = reason
+        self.metadata = metadata
+        super().__init__(
+            job_id,
+            f"job {job_id} was cancelled"
+            + (f": {reason}" if reason else "")
+            + "; it has no output",
+        )
+
+
+class WaitTimeoutError(WaitError, TimeoutError):
+    """The awaited job did not finish within the timeout; ``state`` is where it was."""
+
+    def __init__(self, job_id: int, state: str, timeout: float) -> None:
+        self.state = state
+        self.timeout = timeout
+        super().__init__(
+            job_id,
+            f"job {job_id} did not finish within {timeout:g} s; it is {state!r}. Wait again "
+            "with a longer timeout, or look at it with `sa-jobs jobs show "
+            f"{job_id}`",
         )

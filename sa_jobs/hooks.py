@@ -37,14 +37,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 
-from sa_jobs.complete import Ending
+from sa_jobs._base.records import Ending
+from sa_jobs._base.states import InsertAction
+from sa_jobs._declare.option_checks import check_metadata
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.option_checks import check_metadata
-from sa_jobs.states import InsertAction
 
 if TYPE_CHECKING:
-    from sa_jobs.models import Job
-    from sa_jobs.rows import JobRow
+    from sa_jobs._base.records import JobRow
+    from sa_jobs._table.models import Job
 
 __all__ = [
     "AttemptResult",

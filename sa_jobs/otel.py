@@ -39,9 +39,9 @@ from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 
 from sa_jobs import __version__
+from sa_jobs._table.models import Job
 from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.hooks import AttemptResult, Ending, InsertHook, InsertingJob, WorkHook
-from sa_jobs.models import Job
 
 __all__ = ["METADATA_KEY", "OpenTelemetryHooks"]
 

@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session
 import sa_jobs
 from sa_jobs.dashboard import create_app
 from sa_jobs.devdb import find_server, throwaway_database
-from sa_jobs.models import Job, PeriodicState, WorkerProcess
+from sa_jobs._table.models import Job, PeriodicState, WorkerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "img"

@@ -1,7 +1,7 @@
 """MkDocs hooks for the documentation site (``mkdocs.yml``, ``hooks:``).
 
 The docstrings are Google style with Sphinx cross-reference roles (``:class:`Job```,
-``:func:`~sa_jobs.args.kind_of```), which mkdocstrings renders as the role's name followed
+``:func:`~sa_jobs._declare.args.kind_of```), which mkdocstrings renders as the role's name followed
 by the code. Strip the role, and for ``~`` keep the last dotted part, as Sphinx shows it.
 """
 

@@ -20,8 +20,9 @@ from sqlalchemy import Connection, Engine, delete, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.elements import ColumnElement
 
-from sa_jobs.models import Job, Leader, WorkerProcess
-from sa_jobs.states import FINAL_STATES, JobState
+from sa_jobs._base.states import FINAL_STATES, JobState
+from sa_jobs._table.models import Job
+from sa_jobs._table.service_tables import Leader, WorkerProcess
 
 __all__ = [
     "FACTORY_KIND",

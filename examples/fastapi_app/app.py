@@ -66,11 +66,14 @@ def create_app(engine: AsyncEngine, *, run_worker: bool = False) -> FastAPI:
             async with session.begin():
                 signup = Signup(email=body.email)
                 session.add(signup)
-                await session.flush()  # assigns signup.id
-                result = await sa_jobs.insert(session, SendWelcomeEmail(signup_id=signup.id))
+                # The job references the pending row: the flush inserts the signup
+                # first, then the job with the signup's new id.
+                job = sa_jobs.enqueue(SendWelcomeEmail(signup=sa_jobs.Ref.to(signup)))
+                session.add(job)
+                await session.flush()
         except IntegrityError:
             raise HTTPException(409, f"{body.email} has signed up already") from None
-        return SignupOut(id=signup.id, email=signup.email, welcomed=False, job_id=result.job.id)
+        return SignupOut(id=signup.id, email=signup.email, welcomed=False, job_id=job.id)
 
     @app.get("/signups/{signup_id}")
     async def get_signup(signup_id: int, session: Db) -> SignupOut:

@@ -25,7 +25,9 @@ class Signup(Base):
 
 @sa_jobs.job_args(kind="fastapi_send_welcome_email", queue="mail", max_attempts=5)
 class SendWelcomeEmail:
-    signup_id: int
+    # A typed reference to the row: stored as {"table": "signups", "pk": [id]}, loaded
+    # by the handler as a Signup; a signup deleted before the job runs cancels the job.
+    signup: sa_jobs.Ref[Signup]
 
 
 def database_url() -> str | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 import sa_jobs
-from examples.fastapi_app.models import SendWelcomeEmail, Signup, database_url, engine_from_env
+from examples.fastapi_app.models import SendWelcomeEmail, database_url, engine_from_env
 
 #: What the "mailer" sent, newest last (a real app would call its email service).
 OUTBOX: list[str] = []
@@ -21,7 +21,7 @@ def build_worker(engine: AsyncEngine) -> sa_jobs.Worker:
     async def send_welcome_email(job: sa_jobs.Job[SendWelcomeEmail], session: AsyncSession) -> None:
         # The session's transaction also completes the job: `welcomed` and the
         # completion commit together, or the job runs again.
-        signup = await session.get_one(Signup, job.args.signup_id)
+        signup = await job.args.signup.load(session)
         OUTBOX.append(f"Welcome, {signup.email}!")
         signup.welcomed = True
 

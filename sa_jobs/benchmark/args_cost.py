@@ -1,6 +1,6 @@
 """What the insert-time args check costs, against the inserts measured in the same run.
 
-Every insert reads its args back as the worker will (:mod:`sa_jobs.args_check`): the
+Every insert reads its args back as the worker will (:mod:`sa_jobs._declare.args_check`): the
 stored JSON is structured back with the kind's converter, written out again and
 compared. That is pure CPU, so it is timed directly — many calls, the fastest of a few
 rounds — rather than as the difference of two insert rates, whose noise on a shared
@@ -20,8 +20,8 @@ from collections.abc import Callable
 import attrs
 
 import sa_jobs
-from sa_jobs.args import kind_of
-from sa_jobs.args_check import check_reads_back
+from sa_jobs._declare.args import kind_of
+from sa_jobs._declare.args_check import check_reads_back
 from sa_jobs.benchmark.noop import BenchNoop
 from sa_jobs.benchmark.report import Figure
 

@@ -19,9 +19,10 @@ from typing import Any
 
 from sqlalchemy import URL, Engine, text
 
+from sa_jobs.benchmark.dbcost import ClientCounts, Drained, ServerProbe
 from sa_jobs.errors import BenchmarkError
 
-__all__ = ["drain", "latencies", "percentile"]
+__all__ = ["drain", "drain_costs", "latencies", "percentile"]
 
 #: Cheap "is anything left?" through the two partial indexes (available, running).
 NOT_DONE = text(
@@ -73,12 +74,14 @@ def _check_alive(children: list[Any]) -> None:
         )
 
 
-def _result(results: Any, children: list[Any]) -> float:
-    """One child's CPU seconds; a child that died instead of reporting is an error."""
+def _result(results: Any, children: list[Any]) -> tuple[float, ClientCounts]:
+    """One child's CPU seconds and what it sent (``(cpu, statements, round_trips)`` on
+    ``results``); a child that died instead of reporting is an error."""
     deadline = time.monotonic() + CHILD_TIMEOUT
     while True:
         try:
-            return float(results.get(timeout=0.2))
+            cpu, statements, round_trips = results.get(timeout=0.2)
+            return float(cpu), ClientCounts(int(statements), int(round_trips))
         except queue.Empty:
             if time.monotonic() > deadline:
                 raise BenchmarkError(
@@ -106,10 +109,27 @@ def drain(
     handler: str,
     jobs: int,
 ) -> tuple[float, float]:
+    """:func:`drain_costs`' rate (jobs per second) and worker CPU seconds per job."""
+    drained = drain_costs(url, engine, target, processes, queues, handler, jobs)
+    return drained.rate, drained.cpu / jobs
+
+
+def drain_costs(
+    url: URL,
+    engine: Engine,
+    target: Callable[..., None],
+    processes: int,
+    queues: dict[str, int],
+    handler: str,
+    jobs: int,
+    *,
+    probe: bool = False,
+) -> Drained:
     """Release ``processes`` of ``target`` on the ``jobs`` jobs in the table and time them
     until none is ``available`` or ``running``.
 
-    Returns (jobs per second, worker CPU seconds per job summed over the processes).
+    Returns the rate, the worker CPU summed over the processes and what they sent; with
+    ``probe``, what the server did from the release to the end (:class:`ServerProbe`).
 
     Raises:
         BenchmarkError: a process died, or not every job ended ``completed``.
@@ -125,11 +145,16 @@ def drain(
         )
         for _ in range(processes)
     ]
+    server = ServerProbe(engine) if probe else None
     for child in children:
         child.start()
     try:
         _wait_ready(ready, children)
         with engine.connect() as connection:
+            if server is not None:
+                poller = int(connection.scalar(text("SELECT pg_backend_pid()")) or 0)
+                connection.rollback()
+                server.start(excluded=[poller])
             started = time.perf_counter()
             go.set()
             while True:
@@ -139,8 +164,9 @@ def drain(
                 connection.rollback()
                 _check_alive(children)
             elapsed = time.perf_counter() - started
+        cost = None if server is None else server.stop()
         stop.set()
-        cpu = sum(_result(results, children) for _ in children)
+        reports = [_result(results, children) for _ in children]
     finally:
         stop.set()
         _stop_all(children)
@@ -148,7 +174,13 @@ def drain(
         done = int(connection.scalar(COMPLETED) or 0)
     if done != jobs:
         raise BenchmarkError(f"{done} of {jobs} jobs ended completed; expected all of them")
-    return jobs / elapsed, cpu / jobs
+    return Drained(
+        jobs=jobs,
+        rate=jobs / elapsed,
+        cpu=sum(cpu for cpu, _ in reports),
+        client=sum((sent for _, sent in reports), ClientCounts()),
+        server=cost,
+    )
 
 
 def latencies(

@@ -11,7 +11,9 @@ sa_jobs figure can be given as a ratio to what PostgreSQL and psycopg allow:
 * worked jobs: per process one thread on one autocommit connection looping fetch
   (``UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED LIMIT n) RETURNING``) → a
   no-op per job → one ``UPDATE`` completing the batch, ``n`` being the queue's
-  concurrency, so the floor holds no more jobs at once than the worker may;
+  concurrency, so the floor holds no more jobs at once than the worker may; with
+  ``--floor-threads N``, N such threads in one process fetching :data:`THREADS_BATCH`
+  a statement (the workplace's floor, :mod:`sa_jobs.benchmark.best_worked`);
 * latency: a ``LISTEN`` on the channel the insert trigger notifies, and a fetch on a
   second connection when a notification arrives.
 
@@ -23,6 +25,7 @@ retries, error records). ``docs/performance.md`` says why these floors are fair.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Sequence
 from multiprocessing.synchronize import Event
@@ -32,13 +35,15 @@ import psycopg
 from psycopg.types.json import Jsonb
 from sqlalchemy import URL, make_url
 
-from sa_jobs.schema import INSERT_CHANNEL
+from sa_jobs._table.schema import INSERT_CHANNEL
+from sa_jobs.benchmark import dbcost
 
 __all__ = [
     "COMPLETE",
     "FETCH",
     "INSERT",
     "INSERT_UNNEST",
+    "THREADS_BATCH",
     "FloorInserter",
     "conninfo",
     "floor_latency_process",
@@ -116,18 +121,49 @@ def floor_worker_process(
     go: Event,
     stop: Event,
     results: Any,
+    *,
+    threads: int = 1,
 ) -> None:
-    """A floor worker process: fetch → no-op → complete, one queue after the other.
+    """A floor worker process: fetch → no-op → complete, one queue after the other, on
+    each of ``threads`` threads (a connection each; 1 by default, as the worker's
+    concurrency cap allows).
 
-    Puts its user+system CPU seconds from ``go`` to ``stop`` on ``results``.
+    Puts its user+system CPU seconds from ``go`` to ``stop``, and the statements and round
+    trips it sent meanwhile, on ``results``, as :func:`noop.worker_process` does.
     """
-    connection = psycopg.connect(conninfo(url), autocommit=True)
+    sent = dbcost.client_counter()
+    connections = [psycopg.connect(conninfo(url), autocommit=True) for _ in range(threads)]
     worker = f"floor-{os.getpid()}"
     ready.put(os.getpid())
     go.wait()
     # process_time: user+sys of every thread, to the nanosecond (os.times() counts
     # clock ticks, 10 ms, which a short run of a lean loop can fall entirely within).
-    before = time.process_time()
+    before, counted = time.process_time(), sent()
+    if threads == 1:
+        _floor_loop(connections[0], worker, queues, stop)
+    else:
+        running = [
+            threading.Thread(target=_floor_loop, args=(connection, worker, queues, stop))
+            for connection in connections
+        ]
+        for thread in running:
+            thread.start()
+        for thread in running:
+            thread.join()
+    after, delta = time.process_time(), sent() - counted
+    results.put((after - before, delta.statements, delta.round_trips))
+    for connection in connections:
+        connection.close()
+
+
+#: Jobs a statement of the workplace's floor fetches (``--floor-threads``: that many
+#: threads in one process, each fetching up to this many, /work/shared/bench/floor.py).
+THREADS_BATCH = 100
+
+
+def _floor_loop(
+    connection: psycopg.Connection[Any], worker: str, queues: dict[str, int], stop: Event
+) -> None:
     while not stop.is_set():
         fetched = 0
         for queue, limit in queues.items():
@@ -140,9 +176,6 @@ def floor_worker_process(
             fetched += len(rows)
         if not fetched:
             stop.wait(0.005)
-    after = time.process_time()
-    results.put(after - before)
-    connection.close()
 
 
 def floor_latency_process(

@@ -8,8 +8,11 @@ process does.
 
 from __future__ import annotations
 
+import cProfile
 import logging
 import os
+import pstats
+import threading
 import time
 from multiprocessing.synchronize import Event
 from typing import Any, Literal
@@ -17,6 +20,7 @@ from typing import Any, Literal
 from sqlalchemy import create_engine, make_url, text
 
 import sa_jobs
+from sa_jobs.benchmark import dbcost
 
 __all__ = [
     "KIND",
@@ -49,13 +53,22 @@ class BenchUniqueNoop:
 
 
 def _worker(
-    url: str, queues: dict[str, int], handler: Handler, starts: Any = None
+    url: str,
+    queues: dict[str, int],
+    handler: Handler,
+    starts: Any = None,
+    limits: tuple[tuple[str, int], ...] = (),
 ) -> sa_jobs.Worker:
     """A worker with one no-op handler (sync or async). With ``starts``, the handler
-    puts ``(seq, time.time())`` there on its first line instead."""
+    puts ``(seq, time.time())`` there on its first line instead. ``limits``: a
+    ``ConcurrencyLimit`` per (queue, max_running) pair."""
     logging.basicConfig(level=logging.WARNING, format="%(processName)s %(name)s: %(message)s")
     engine = create_engine(make_url(url))
-    worker = sa_jobs.Worker(engine, queues=queues)
+    worker = sa_jobs.Worker(
+        engine,
+        queues=queues,
+        limits=[sa_jobs.ConcurrencyLimit(most, queue=queue) for queue, most in limits],
+    )
 
     if handler == "async":
 
@@ -84,24 +97,63 @@ def worker_process(
     go: Event,
     stop: Event,
     results: Any,
+    *,
+    limits: tuple[tuple[str, int], ...] = (),
 ) -> None:
-    """A worker process: starts working at ``go``, stops at ``stop``.
+    """A worker process: starts working at ``go``, stops at ``stop``; ``limits`` as
+    :func:`_worker` takes them (the process is spawned: they must pickle).
 
-    Puts its user+system CPU seconds from ``go`` to ``stop`` on ``results`` (every thread
-    of the process: producers, handlers, completer, notifier, maintenance).
+    Puts its user+system CPU seconds from ``go`` to ``stop`` (every thread of the process:
+    producers, handlers, completer, notifier, maintenance), and the statements and round
+    trips it sent meanwhile (:func:`dbcost.client_counter`), on ``results``.
     """
-    worker = _worker(url, queues, handler)
+    worker = _worker(url, queues, handler, limits=limits)
+    sent = dbcost.client_counter()
+    profiles = _profile_threads()
     ready.put(os.getpid())
     go.wait()
     # process_time: user+sys of every thread, to the nanosecond (os.times() counts
     # clock ticks, 10 ms, which a short run of a lean loop can fall entirely within).
-    before = time.process_time()
+    before, counted = time.process_time(), sent()
     worker.start()
     stop.wait()
-    after = time.process_time()
+    after, delta = time.process_time(), sent() - counted
     worker.stop()
-    results.put(after - before)
+    results.put((after - before, delta.statements, delta.round_trips))
     worker.engine.dispose()
+    if profiles is not None:
+        _dump_profiles(profiles)
+
+
+#: A path for the worker process's cProfile output (every thread's, merged), for
+#: bench/concurrency_curve.py --profile; the process runs unprofiled without it.
+PROFILE_VARIABLE = "SA_JOBS_BENCH_PROFILE"
+
+
+def _profile_threads() -> list[cProfile.Profile] | None:
+    """Profile every thread started from now on (cProfile sees only its own thread)."""
+    if not os.environ.get(PROFILE_VARIABLE):
+        return None
+    profiles: list[cProfile.Profile] = []
+
+    def start(*_: Any) -> None:
+        # Called by a new thread's first profile event: hand it a profiler of its own,
+        # which replaces this function as the thread's profile hook.
+        profile = cProfile.Profile()
+        profiles.append(profile)
+        profile.enable()
+
+    threading.setprofile(start)
+    return profiles
+
+
+def _dump_profiles(profiles: list[cProfile.Profile]) -> None:
+    for profile in profiles:
+        profile.disable()
+    stats = pstats.Stats(profiles[0])
+    for profile in profiles[1:]:
+        stats.add(profile)
+    stats.dump_stats(os.environ[PROFILE_VARIABLE])
 
 
 def latency_process(

@@ -24,12 +24,28 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import sa_jobs
-from sa_jobs.benchmark import args_cost, children, floor, noop
+from sa_jobs._base.urls import in_driver
+from sa_jobs.benchmark import (
+    args_cost,
+    best_worked,
+    children,
+    dbcost,
+    fair_fetch,
+    floor,
+    limits_drain,
+    noop,
+    workflows,
+)
 from sa_jobs.benchmark.report import Figure, Report, environment
 from sa_jobs.devdb import Server, throwaway_database
-from sa_jobs.urls import in_driver
 
-__all__ = ["BenchSettings", "batches", "run"]
+__all__ = ["PHASES", "BenchSettings", "batches", "run"]
+
+#: The parts of a run, in the order they run (``BenchSettings.phases`` picks some):
+#: single enqueues, bulk enqueues and the drain, latency, the fair and key-limited
+#: fetches, the drains under limits, and the workflows against plain jobs. The args
+#: check's cost needs the first two.
+PHASES = ("single", "worked", "latency", "fetch", "limits", "workflows")
 
 Say = Callable[[str], None]
 
@@ -50,7 +66,11 @@ class BenchSettings:
         processes: Worker processes draining the jobs (latency always uses one).
         handler: The no-op handler is a plain function or an ``async def``.
         floor: Also measure the raw-SQL floor and give each figure's ratio to it.
+        floor_threads: Also drain with the workplace's floor, this many threads in one
+            process fetching 100 jobs a statement, against sa_jobs' best rate in one
+            process (:mod:`sa_jobs.benchmark.best_worked`); 0: not.
         batch: Jobs per bulk enqueue transaction.
+        phases: Which of :data:`PHASES` to run (all by default).
     """
 
     jobs: int = 10_000
@@ -60,7 +80,9 @@ class BenchSettings:
     processes: int = 1
     handler: noop.Handler = "sync"
     floor: bool = False
+    floor_threads: int = 0
     batch: int = 1_000
+    phases: tuple[str, ...] = PHASES
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -86,13 +108,35 @@ def run(server: Server, settings: BenchSettings, say: Say) -> Report:
 
 def _measure(url: URL, engine: Engine, settings: BenchSettings, report: Report, say: Say) -> None:
     inserter = floor.FloorInserter(url, noop.KIND) if settings.floor else None
+    phases = settings.phases
     try:
-        report.figures += _single_phase(url, engine, inserter, settings, say)
-        report.figures += _worked_phase(url, engine, inserter, settings, say)
-        report.figures += _latency_phase(url, engine, inserter, settings, say)
-        say("args check: timed alone, against this run's enqueues")
+        if "single" in phases:
+            report.figures += _single_phase(url, engine, inserter, settings, say)
+        if "worked" in phases:
+            report.figures += _worked_phase(url, engine, inserter, settings, say)
+            if settings.floor_threads:
+                report.figures += best_worked.figures(
+                    url,
+                    engine,
+                    settings.floor_threads,
+                    settings.jobs,
+                    list(settings.queues),
+                    settings.handler,
+                    lambda: _fill(engine, settings),
+                    say,
+                )
+        if "latency" in phases:
+            report.figures += _latency_phase(url, engine, inserter, settings, say)
         rates = {figure.key: figure.sa_jobs for figure in report.figures}
-        report.figures += args_cost.figures(rates["enqueue_single"], rates["enqueue_bulk"])
+        if "enqueue_single" in rates and "enqueue_bulk" in rates:
+            say("args check: timed alone, against this run's enqueues")
+            report.figures += args_cost.figures(rates["enqueue_single"], rates["enqueue_bulk"])
+        if "fetch" in phases:
+            report.figures += fair_fetch.figures(engine, settings.jobs, say)
+        if "limits" in phases:
+            report.figures += _limits_phase(url, engine, settings, say)
+        if "workflows" in phases:
+            report.figures += workflows.figures(engine, settings.jobs, say)
     finally:
         if inserter is not None:
             inserter.close()
@@ -144,26 +188,40 @@ def _worked_phase(
 ) -> list[Figure]:
     """Each side enqueues the jobs in bulk, then drains them: the floor first."""
     chunks = batches(settings.jobs, list(settings.queues), settings.batch)
-    theirs_bulk = theirs_worked = theirs_cpu = None
+    theirs_bulk = theirs = None
     workers = "1 process" if settings.processes == 1 else f"{settings.processes} processes"
     size = max(len(seqs) for _, seqs in chunks)
     if inserter is not None:
         say(f"floor: bulk enqueue of {settings.jobs:,} jobs, then drain with {workers}")
         theirs_bulk = _bulk(engine, chunks, inserter.bulk)
-        theirs_worked, theirs_cpu = _drain(url, engine, floor.floor_worker_process, settings)
+        theirs = _drain(url, engine, floor.floor_worker_process, settings)
     say(f"sa_jobs: bulk enqueue of {settings.jobs:,} unique jobs (not drained)")
     unique_bulk = _bulk(
         engine, chunks, lambda seqs, queue: _insert_many(engine, seqs, queue, unique=True)
     )
+    say(f"sa_jobs: bulk enqueue of {settings.jobs:,} jobs through COPY (not drained)")
+    fast_bulk = _bulk(
+        engine, chunks, lambda seqs, queue: _insert_many(engine, seqs, queue, fast=True)
+    )
     say(f"sa_jobs: bulk enqueue of {settings.jobs:,} jobs, then drain with {workers}")
     ours_bulk = _bulk(engine, chunks, lambda seqs, queue: _insert_many(engine, seqs, queue))
-    ours_worked, ours_cpu = _drain(url, engine, noop.worker_process, settings)
+    ours = _drain(url, engine, noop.worker_process, settings)
+    if ours.server is not None and ours.server.backend_cpu is None:
+        say("server CPU per job: not measured (the server is not a process on this host)")
+    slots = ", ".join(f"{name}={n}" for name, n in settings.queues.items())
     return [
         Figure(
             "enqueue_bulk",
             f"enqueue, bulk (insert_many, {size:,}/txn)",
             "jobs/s",
             ours_bulk,
+            theirs_bulk,
+        ),
+        Figure(
+            "enqueue_bulk_fast",
+            f"enqueue, bulk (insert_many_fast, COPY, {size:,}/txn)",
+            "jobs/s",
+            fast_bulk,
             theirs_bulk,
         ),
         # Against the plain bulk enqueue above, not the floor.
@@ -177,17 +235,18 @@ def _worked_phase(
             "worked",
             f"worked no-op jobs, {workers}, {settings.handler} handler",
             "jobs/s",
-            ours_worked,
-            theirs_worked,
+            ours.rate,
+            None if theirs is None else theirs.rate,
         ),
         Figure(
             "worker_cpu_per_job",
             "worker CPU per job (user+sys)",
             "us",
-            ours_cpu * 1e6,
-            None if theirs_cpu is None else theirs_cpu * 1e6,
+            ours.per_job(ours.cpu) * 1e6,
+            None if theirs is None else theirs.per_job(theirs.cpu) * 1e6,
             higher_is_better=False,
         ),
+        *dbcost.cost_figures("db_", f"{workers}, {slots}", ours, theirs),
     ]
 
 
@@ -233,6 +292,24 @@ def _latency_phase(
     ]
 
 
+def _limits_phase(url: URL, engine: Engine, settings: BenchSettings, say: Say) -> list[Figure]:
+    """Drains under no limit, a limit on another queue, and a loose limit on the queue."""
+
+    def fill(jobs: int, queue: str) -> None:
+        _fill(engine, settings, jobs, [queue])
+
+    def drain(
+        target: Callable[..., None], queues: dict[str, int], jobs: int
+    ) -> tuple[float, float]:
+        return children.drain(
+            url, engine, target, settings.processes, queues, settings.handler, jobs
+        )
+
+    return limits_drain.figures(
+        url, engine, settings.queues, settings.jobs, fill=fill, drain=drain, say=say
+    )
+
+
 def batches(jobs: int, queues: list[str], size: int) -> list[tuple[str, range]]:
     """The bulk enqueue's transactions: ``jobs`` numbered jobs spread evenly over
     ``queues`` (contiguous runs), each run cut into batches of at most ``size``."""
@@ -244,6 +321,21 @@ def batches(jobs: int, queues: list[str], size: int) -> list[tuple[str, range]]:
             result.append((queue, range(low, min(low + size, start + share))))
         start += share
     return result
+
+
+def _fill(
+    engine: Engine, settings: BenchSettings, jobs: int = 0, queues: list[str] | None = None
+) -> None:
+    """An empty table filled with ``jobs`` (default ``settings.jobs``) no-op jobs through
+    COPY, spread over ``queues`` (default ``settings.queues``), vacuumed, analyzed."""
+    reset(engine)
+    for queue, seqs in batches(
+        jobs or settings.jobs, queues or list(settings.queues), settings.batch
+    ):
+        _insert_many(engine, seqs, queue, fast=True)
+    with _autocommit(engine) as connection:
+        connection.execute(text("VACUUM ANALYZE sa_job"))
+    _checkpoint(engine)
 
 
 # ---------------------------------------------------------------------- measurements
@@ -259,10 +351,13 @@ def _enqueue(engine: Engine, seq: int, queue: str, *, unique: bool = False) -> f
     return time.time()
 
 
-def _insert_many(engine: Engine, seqs: range, queue: str, *, unique: bool = False) -> None:
+def _insert_many(
+    engine: Engine, seqs: range, queue: str, *, unique: bool = False, fast: bool = False
+) -> None:
     make = noop.BenchUniqueNoop if unique else noop.BenchNoop
+    insert = sa_jobs.insert_many_fast if fast else sa_jobs.insert_many
     with Session(engine) as session, session.begin():
-        sa_jobs.insert_many(session, [make(seq) for seq in seqs], queue=queue)
+        insert(session, [make(seq) for seq in seqs], queue=queue)
 
 
 async def _single_enqueue(
@@ -343,8 +438,8 @@ def _bulk(
 
 def _drain(
     url: URL, engine: Engine, target: Callable[..., None], settings: BenchSettings
-) -> tuple[float, float]:
-    return children.drain(
+) -> dbcost.Drained:
+    return children.drain_costs(
         url,
         engine,
         target,
@@ -352,6 +447,7 @@ def _drain(
         settings.queues,
         settings.handler,
         settings.jobs,
+        probe=True,
     )
 
 

@@ -21,8 +21,19 @@ from alembic.util import CommandError as AlembicCommandError
 from sqlalchemy.exc import DBAPIError, NoSuchModuleError, OperationalError
 
 import sa_jobs
-from sa_jobs import demo
-from sa_jobs.cli import bench, dashboard, jobs, migrate, periodic, queues, settings, stats, work
+from sa_jobs.cli import (
+    bench,
+    dashboard,
+    demo,
+    jobs,
+    migrate,
+    periodic,
+    queues,
+    settings,
+    stats,
+    work,
+    workflows,
+)
 from sa_jobs.cli.common import CommandError, Parser, connection_failure, first_line, parse_url
 from sa_jobs.devdb import Server
 from sa_jobs.errors import SaJobsError
@@ -87,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     migrate.add_command(commands, common)
     work.add_command(commands, common)
     jobs.add_commands(commands, common)
+    workflows.add_commands(commands, common)
     stats.add_commands(commands, common)
     periodic.add_commands(commands, common)
     queues.add_command(commands, common)

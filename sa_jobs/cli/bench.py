@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sa_jobs.benchmark import BenchSettings, run
+from sa_jobs.benchmark.run import PHASES
 from sa_jobs.cli import settings
 from sa_jobs.cli.common import CommandError, UsageError, parse_url
 from sa_jobs.cli.work import queues_from
@@ -35,9 +36,14 @@ def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
         "single and bulk enqueue rates (plain, and unique by args), worked no-op jobs/s "
         "with the given queues and "
         "processes, the worker's CPU time per job, enqueue -> handler start latency on an "
-        "idle worker, and the insert-time args check's cost as a share of an enqueue. "
+        "idle worker, the insert-time args check's cost as a share of an enqueue, and "
+        "workflows against plain jobs (a 1,000-step insert, a 1 -> 1,000 -> 1 drain, a "
+        "chain's release after each completion). "
         "--floor also runs the raw-SQL floor on the same database and prints "
         "each figure's ratio to it (the unique rates compare with the plain ones). "
+        "The drain also reports what it cost the database per worked job: statements and "
+        "round trips (counted in the worker processes), WAL bytes (whole server) and the "
+        "server's CPU (when the server runs on this host). "
         "The database is dropped at the end; nothing else is "
         "touched. Unlike `work`, these options are read from the command line only.",
     )
@@ -101,6 +107,28 @@ def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
         help="also run the raw-SQL floor on the same database, and print the ratios",
     )
     parser.add_argument(
+        "--floor-threads",
+        type=settings.positive_int,
+        default=0,
+        metavar="N",
+        help="also drain with the workplace's floor (N threads in one process, each "
+        "fetching 100 jobs a statement and completing them in one UPDATE; 4 is the "
+        "issue's) and with one sa_jobs process at 50, 100, 200 and 500 slots per queue, "
+        "and compare sa_jobs' best rate, its worker CPU, and the database's cost per job "
+        "at the same fetch size (200 slots: fetches of 100) with the floor's; with the "
+        "worked part only",
+    )
+    parser.add_argument(
+        "--only",
+        dest="phases",
+        action="append",
+        choices=PHASES,
+        default=None,
+        help="run only this part (repeatable; default all): single and bulk enqueues with "
+        "the drain (worked), latency, the fair fetches (fetch), the drains under limits, "
+        "the workflows (workflows)",
+    )
+    parser.add_argument(
         "--json",
         type=Path,
         default=None,
@@ -141,7 +169,17 @@ def _bench(options: argparse.Namespace) -> int:
 
 
 def _settings(options: argparse.Namespace) -> BenchSettings:
-    queues = queues_from(options.queues or (), options.concurrency)
+    specs = options.queues or ()
+    if any(spec.fair for spec in specs):
+        raise UsageError(
+            "bench works plain queues; the fair and key-limited fetches have cases of their "
+            "own (fetch_fair, fetch_key_limited): drop :fair_by from -q"
+        )
+    queues = {
+        name: value
+        for name, value in queues_from(specs, options.concurrency).items()
+        if isinstance(value, int)  # every one: no spec is fair, and no own queues are passed
+    }
     if not queues:
         queues = {"default": options.concurrency or settings.DEFAULT_CONCURRENCY}
     jobs: int = options.jobs
@@ -153,6 +191,8 @@ def _settings(options: argparse.Namespace) -> BenchSettings:
         processes=options.processes,
         handler=options.handler,
         floor=options.floor,
+        floor_threads=options.floor_threads,
+        phases=tuple(phase for phase in PHASES if phase in (options.phases or PHASES)),
     )
 
 

@@ -14,9 +14,10 @@ from sqlalchemy.exc import ArgumentError, OperationalError
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
+from sa_jobs._base.replicas import ReplicaReads, ReplicaStatus
+from sa_jobs._table.schema import translate_missing_schema
 from sa_jobs.devdb import normalize_url
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.schema import translate_missing_schema
 
 __all__ = [
     "CommandError",
@@ -27,7 +28,10 @@ __all__ = [
     "first_line",
     "format_table",
     "parse_url",
+    "reading_session",
+    "replica_from",
     "session_from",
+    "with_connect_timeout",
 ]
 
 
@@ -57,10 +61,23 @@ def engine_from(options: argparse.Namespace, *, pool_size: int | None = None) ->
     raw = options.url
     if not raw:
         raise CommandError("no database; pass --url or set SA_JOBS_DATABASE_URL")
-    url = parse_url(raw)
+    url = with_connect_timeout(parse_url(raw))
     if pool_size is not None:
         return create_engine(url, pool_size=pool_size)
     return create_engine(url, poolclass=NullPool)
+
+
+#: Seconds each server of the URL gets to accept a connection, when the URL sets no
+#: ``connect_timeout``: libpq's own default is to wait for ever, and a host that vanished
+#: (packets dropped, not refused) would hang a command for the OS's TCP timeout.
+DEFAULT_CONNECT_TIMEOUT = 10
+
+
+def with_connect_timeout(url: URL) -> URL:
+    """``url`` with :data:`DEFAULT_CONNECT_TIMEOUT` unless it sets its own."""
+    if "connect_timeout" in url.query or url.get_driver_name() == "asyncpg":
+        return url
+    return url.update_query_dict({"connect_timeout": str(DEFAULT_CONNECT_TIMEOUT)})
 
 
 def parse_url(raw: str) -> URL:
@@ -90,6 +107,50 @@ def session_from(options: argparse.Namespace) -> Iterator[Session]:
         engine.dispose()
 
 
+def replica_from(
+    options: argparse.Namespace, *, pool_size: int | None = None
+) -> ReplicaReads | None:
+    """The replica of ``--read-url`` and its guard's settings (an engine as
+    :func:`engine_from` makes); None without one."""
+    raw = getattr(options, "read_url", None)
+    if not raw:
+        return None
+    url = with_connect_timeout(parse_url(raw))
+    engine = (
+        create_engine(url, poolclass=NullPool)
+        if pool_size is None
+        else create_engine(url, pool_size=pool_size)
+    )
+    return ReplicaReads(
+        engine,
+        max_lag=options.max_replica_lag.total_seconds(),
+        on_lag=options.on_replica_lag,
+        option="--read-url",
+    )
+
+
+@contextmanager
+def reading_session(options: argparse.Namespace) -> Iterator[tuple[Session, ReplicaStatus | None]]:
+    """A session to read in: on ``--read-url`` when given (or on ``--url`` when the
+    replica is too far behind and the guard falls back), and where it went."""
+    replica = replica_from(options)
+    if replica is None:
+        with session_from(options) as session:
+            yield session, None
+        return
+    primary = engine_from(options)
+    try:
+        with (
+            translate_missing_schema(),
+            replica.reading(primary.begin) as (connection, status),
+            Session(bind=connection) as session,
+        ):
+            yield session, status
+    finally:
+        primary.dispose()
+        replica.sync_engine.dispose()
+
+
 #: What libpq says when the server answers but has no such database. SQLSTATE 3D000
 #: would say it too, but libpq gives no SQLSTATE for a connection that failed (psycopg's
 #: ``sqlstate`` is None there); asyncpg and a failure after connecting do carry it.
@@ -103,6 +164,12 @@ def connection_failure(exc: OperationalError) -> str:
     orig = exc.orig or exc
     match = _MISSING_DATABASE.search(str(orig))
     if match is None and getattr(orig, "sqlstate", None) != "3D000":
+        each = _each_server(str(orig))
+        if len(each) > 1:
+            return (
+                f"cannot reach the database: none of the URL's {len(each)} servers accepted "
+                f"a connection ({'; '.join(each)}); start one, or fix the host list"
+            )
         return f"cannot reach the database: {first_line(orig)}"
     if match is None:
         return (
@@ -130,3 +197,24 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
         for line in (header, *rows)
     )
+
+
+#: One server's line in psycopg's report of a multi-host connect that failed everywhere:
+#: "- host: 'a', port: '5432', hostaddr: '…': connection failed: <why>" (psycopg 3.1+;
+#: libpq's own report, psycopg2's, names only the last server).
+_SERVER_FAILURE = re.compile(
+    r"^- host: '(?P<host>[^']*)', port: '(?P<port>[^']*)'(?:, hostaddr: '[^']*')?: (?P<why>.*)$",
+    re.MULTILINE,
+)
+#: libpq's wording of a refused or timed-out connect, shortened to its cause.
+_CAUSE = re.compile(
+    r"(?:connection failed: )?(?:connection to server at [^,]+, port \d+ failed: )?"
+)
+
+
+def _each_server(message: str) -> list[str]:
+    """``host:port: why`` for each server a multi-host connect tried, in order."""
+    return [
+        f"{found['host']}:{found['port']}: {_CAUSE.sub('', found['why'], count=1).strip()}"
+        for found in _SERVER_FAILURE.finditer(message)
+    ]

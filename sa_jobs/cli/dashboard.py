@@ -17,10 +17,10 @@ from typing import Any
 
 from sqlalchemy import Engine
 
+from sa_jobs._table.schema import Features, translate_missing_schema
 from sa_jobs.cli import settings
-from sa_jobs.cli.common import CommandError, UsageError, engine_from
+from sa_jobs.cli.common import CommandError, UsageError, engine_from, replica_from
 from sa_jobs.cli.settings import Setting
-from sa_jobs.schema import Features, translate_missing_schema
 
 __all__ = ["PASSWORD_VARIABLE", "USER_VARIABLE", "add_command", "is_loopback"]
 
@@ -51,13 +51,21 @@ READ_ONLY = Setting(
 BASE_PATH = Setting(
     "base_path", ("SA_JOBS_DASHBOARD_BASE_PATH",), _base_path, "", option="--base-path"
 )
-SETTINGS = (settings.URL, settings.LOG_LEVEL, HOST, PORT, READ_ONLY, BASE_PATH)
+SETTINGS = (
+    settings.URL,
+    settings.LOG_LEVEL,
+    HOST,
+    PORT,
+    READ_ONLY,
+    BASE_PATH,
+    *settings.REPLICA_SETTINGS,
+)
 
 
 def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
     parser = commands.add_parser(
         "dashboard",
-        parents=[common],
+        parents=[common, settings.replica_options()],
         help="serve the web dashboard (127.0.0.1 unless told otherwise)",
         description="Serve the sa_jobs web dashboard. It listens on 127.0.0.1 by default; "
         f"to listen elsewhere set {USER_VARIABLE} and {PASSWORD_VARIABLE} (HTTP basic "
@@ -131,6 +139,7 @@ def _run(options: argparse.Namespace) -> int:
             "pip install 'sa-jobs[dashboard]'"
         ) from None
     engine = engine_from(options, pool_size=5)
+    replica = replica_from(options, pool_size=5)
     try:
         _check_schema(engine)
         app = create_app(
@@ -141,6 +150,9 @@ def _run(options: argparse.Namespace) -> int:
             auth=basic_auth(*credentials) if credentials else _everyone_on_this_machine,
             read_only=options.read_only,
             base_path=options.base_path,
+            read_engine=None if replica is None else replica.engine,
+            max_replica_lag=options.max_replica_lag.total_seconds(),
+            on_replica_lag=options.on_replica_lag,
         )
         # Bound before the URL is printed: a port in use is said in one line, instead
         # of a URL that leads to someone else's server and uvicorn's exit code 3.
@@ -160,6 +172,8 @@ def _run(options: argparse.Namespace) -> int:
             uvicorn.Server(config).run(sockets=[listening])
     finally:
         engine.dispose()
+        if replica is not None:
+            replica.sync_engine.dispose()
     return 0
 
 

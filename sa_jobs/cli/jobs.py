@@ -4,7 +4,7 @@ Each command opens one session on ``--url`` (or ``$SA_JOBS_DATABASE_URL`` /
 ``$DATABASE_URL``); ``retry ID`` and ``cancel ID`` run :func:`sa_jobs.retry_job` /
 :func:`sa_jobs.cancel_job` in a transaction of their own and print the state the job
 is left in. With a filter instead of an id, ``retry``, ``cancel`` and ``delete`` act on
-every job it matches, a transaction per batch (:mod:`sa_jobs.cli.bulk`).
+every job it matches, a transaction per batch (:mod:`sa_jobs.cli.filtered_actions`).
 """
 
 from __future__ import annotations
@@ -20,12 +20,20 @@ from typing import Any
 from sqlalchemy import inspect, select
 from sqlalchemy.dialects.postgresql import JSONB
 
-from sa_jobs.cli import bulk, settings
-from sa_jobs.cli.common import UsageError, engine_from, format_table, session_from
-from sa_jobs.control import cancel_job, retry_job
+from sa_jobs._act.control import cancel_job, retry_job
+from sa_jobs._base.states import FINAL_STATES, JobState
+from sa_jobs._declare.output import output_preview
+from sa_jobs._table.models import Job
+from sa_jobs._table.schema import Features
+from sa_jobs.cli import filtered_actions, settings
+from sa_jobs.cli.common import (
+    UsageError,
+    engine_from,
+    format_table,
+    reading_session,
+    session_from,
+)
 from sa_jobs.errors import JobNotFoundError
-from sa_jobs.models import Job
-from sa_jobs.states import FINAL_STATES, JobState
 
 __all__ = ["add_commands", "format_job"]
 
@@ -45,7 +53,9 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     actions = jobs.add_subparsers(required=True, metavar="ACTION")
 
-    listing = actions.add_parser("list", parents=[common], help="a table of jobs, newest first")
+    listing = actions.add_parser(
+        "list", parents=[common, settings.replica_options()], help="a table of jobs, newest first"
+    )
     listing.add_argument(
         "--state",
         action="append",
@@ -62,7 +72,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         default=DEFAULT_LIMIT,
         help=f"at most this many jobs (default {DEFAULT_LIMIT})",
     )
-    listing.set_defaults(run=_list, settings=SETTINGS)
+    listing.set_defaults(run=_list, settings=(*SETTINGS, *settings.REPLICA_SETTINGS))
 
     show = actions.add_parser(
         "show", parents=[common], help="every column of one job, its args and its errors"
@@ -78,13 +88,13 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         action.add_argument(
             "id", type=_job_id, nargs="?", metavar="ID", help="the job's id (or a filter)"
         )
-        bulk.add_filter_options(action, name)
+        filtered_actions.add_filter_options(action, name)
         action.set_defaults(run=run, settings=SETTINGS)
 
     deleting = actions.add_parser(
         "delete", parents=[common], help="delete every job a filter matches (never running ones)"
     )
-    bulk.add_filter_options(deleting, "delete")
+    filtered_actions.add_filter_options(deleting, "delete")
     deleting.set_defaults(run=_delete, settings=SETTINGS)
 
 
@@ -123,16 +133,18 @@ def _list(options: argparse.Namespace) -> int:
         statement = statement.where(Job.queue.in_(options.queue))
     if options.kind:
         statement = statement.where(Job.kind.in_(options.kind))
-    with session_from(options) as session:
+    with reading_session(options) as (session, replica):
         rows = session.execute(statement.limit(options.limit + 1)).all()
         # Checked after the listing, so a name with jobs costs nothing more than the list.
-        unknown = bulk.unknown_names(
+        unknown = filtered_actions.unknown_names(
             session,
             [k for k in options.kind or () if not any(row.kind == k for row in rows)],
             [q for q in options.queue or () if not any(row.queue == q for row in rows)],
         )
     for message in unknown:
         print(f"sa-jobs: warning: {message}", file=sys.stderr)
+    if replica is not None:
+        print(f"sa-jobs: {replica.describe()}", file=sys.stderr)
     if not rows:
         print("no jobs")
         return 0
@@ -168,18 +180,26 @@ def _show(options: argparse.Namespace) -> int:
         job = session.get(Job, options.id)
         if job is None:
             raise JobNotFoundError(options.id)
-        print(format_job(job))
+        print(format_job(job, output=Features.of(session.connection()).output))
     return 0
 
 
-def format_job(job: Job[Any]) -> str:
-    """Every column of ``job``: scalars first, then the JSON documents, then the errors."""
+def format_job(job: Job[Any], *, output: bool = True) -> str:
+    """Every column of ``job``: scalars first, then the JSON documents, the output (cut
+    if long), then the errors. Without ``output`` (the branch is not installed) the
+    output columns are left out."""
     scalars: list[tuple[str, str]] = []
     documents: list[tuple[str, Any]] = []
+    stored_output: Any = None
     for attribute in inspect(Job).column_attrs:
         column = attribute.columns[0]
+        if not output and column.name.startswith("output"):
+            continue
         value = getattr(job, attribute.key)
         if column.name == "errors":
+            continue
+        if column.name == "output":
+            stored_output = value
             continue
         if isinstance(column.type, JSONB):
             documents.append((column.name, value))
@@ -190,6 +210,11 @@ def format_job(job: Job[Any]) -> str:
     for name, document in documents:
         lines.append(f"{name}:")
         lines.extend(_indent(json.dumps(document, indent=2, sort_keys=True), 2))
+    if stored_output is not None:
+        lines.append("output:")
+        lines.extend(_indent(output_preview(stored_output), 2))
+    elif output:
+        lines.append("output: none")
     lines.extend(_errors(job.errors))
     return "\n".join(lines)
 
@@ -235,10 +260,10 @@ def _timestamp(value: dt.datetime) -> str:
 def _filtered(options: argparse.Namespace, operation: str) -> int:
     engine = engine_from(options)
     try:
-        result = bulk.run_filtered(engine, operation, options)
+        result = filtered_actions.run_filtered(engine, operation, options)
     finally:
         engine.dispose()
-    print(bulk.describe(operation, result))
+    print(filtered_actions.describe(operation, result))
     return 0
 
 
@@ -246,7 +271,7 @@ def _one_or_filtered(options: argparse.Namespace, operation: str) -> int | None:
     """Run the filtered form if no id was given; None: the single-job form runs."""
     if options.id is None:
         return _filtered(options, operation)
-    if bulk.has_filter(options):
+    if filtered_actions.has_filter(options):
         raise UsageError(f"jobs {operation} takes a job id or a filter, not both")
     return None
 

@@ -10,6 +10,14 @@ from typing import Any, cast
 from alembic import command
 from sqlalchemy import Connection, Engine, create_mock_engine, func, select
 
+from sa_jobs._table.schema import (
+    MIGRATION_LOCK_KEY,
+    VERSION_TABLE,
+    alembic_config,
+    downgrade,
+    installed_branches,
+    migrate,
+)
 from sa_jobs.cli import settings
 from sa_jobs.cli.common import UsageError, engine_from, format_table
 from sa_jobs.cli.revisions import (
@@ -20,14 +28,6 @@ from sa_jobs.cli.revisions import (
     scripts,
 )
 from sa_jobs.errors import SchemaManagedElsewhereError
-from sa_jobs.schema import (
-    MIGRATION_LOCK_KEY,
-    VERSION_TABLE,
-    alembic_config,
-    downgrade,
-    installed_branches,
-    migrate,
-)
 
 __all__ = ["add_command"]
 

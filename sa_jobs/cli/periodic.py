@@ -9,10 +9,10 @@ import datetime as dt
 import json
 from typing import Any
 
+from sa_jobs._inspect.queue_stats import as_dict
 from sa_jobs.cli import settings
 from sa_jobs.cli.common import format_table, session_from
 from sa_jobs.periodic import periodic_jobs
-from sa_jobs.queue_stats import as_dict
 
 __all__ = ["add_commands"]
 

@@ -3,7 +3,10 @@
 The parent starts each child as ``python -m sa_jobs.cli work ... --processes 1`` (a fresh
 interpreter: nothing of the parent's threads, engine or imports is inherited), passes
 every SIGTERM/SIGINT it receives on to them, and waits for all of them. It restarts
-none. When a child ends that the parent did not ask to stop — it crashed, was killed,
+none — but one: with ``--replace-stuck``, a child whose stuck handler threads reached its
+``stuck_thread_limit`` stops itself gracefully and exits :data:`STUCK_EXIT_CODE`, and the
+parent starts a fresh child in its place (:func:`watch_stuck`). When any other child ends
+that the parent did not ask to stop — it crashed, was killed,
 or (without ``--until-idle``) exited on its own — the parent logs it, stops the others
 the graceful way (SIGTERM) and exits 1, so that the process manager above it (systemd,
 Kubernetes, supervisord) sees the failure and restarts the whole group. Otherwise it
@@ -26,8 +29,9 @@ import time
 from collections.abc import Sequence
 
 from sa_jobs.cli.common import CommandError
+from sa_jobs.worker import Worker
 
-__all__ = ["PARENT_CHECK_INTERVAL", "supervise", "watch_parent"]
+__all__ = ["PARENT_CHECK_INTERVAL", "STUCK_EXIT_CODE", "supervise", "watch_parent", "watch_stuck"]
 
 log = logging.getLogger("sa_jobs.cli")
 
@@ -35,10 +39,18 @@ log = logging.getLogger("sa_jobs.cli")
 POLL_INTERVAL = 0.1
 PARENT_CHECK_INTERVAL = 1.0
 FORWARDED = (signal.SIGTERM, signal.SIGINT)
+#: A worker process that stopped because its handler threads are stuck (``--replace-
+#: stuck``): EX_TEMPFAIL, "try again" — a fresh process will do.
+STUCK_EXIT_CODE = 75
+#: How often a ``--replace-stuck`` process looks at its stuck threads.
+STUCK_CHECK_INTERVAL = 0.5
 
 
-def supervise(command: Sequence[str], count: int, until_idle: bool) -> int:
-    """Run ``count`` copies of ``command`` until they end; the exit code of the group."""
+def supervise(
+    command: Sequence[str], count: int, until_idle: bool, *, replace_stuck: bool = False
+) -> int:
+    """Run ``count`` copies of ``command`` until they end; the exit code of the group.
+    With ``replace_stuck``, a child that exits :data:`STUCK_EXIT_CODE` is replaced."""
     children: list[subprocess.Popen[bytes]] = []
     stop_requested = False
     signals = 0
@@ -80,9 +92,24 @@ def supervise(command: Sequence[str], count: int, until_idle: bool) -> int:
                 if code is None or child.pid in ended:
                     continue
                 ended.add(child.pid)
+                if replace_stuck and code == STUCK_EXIT_CODE and not stop_requested:
+                    fresh = subprocess.Popen(list(command), process_group=0)
+                    children.append(fresh)
+                    log.warning(
+                        "worker process %d stopped: its handler threads are stuck "
+                        "(stuck_thread_limit reached); started worker process %d in its place",
+                        child.pid,
+                        fresh.pid,
+                    )
+                    continue
                 expected = stop_requested or (until_idle and code == 0)
                 if code == 0 and expected:
                     log.info("worker process %d exited", child.pid)
+                    continue
+                if stop_requested and -code in FORWARDED:
+                    # Killed by the signal passed on before it installed its handlers: it
+                    # was still starting (a replacement, say) and had taken no job.
+                    log.info("worker process %d was stopped while starting", child.pid)
                     continue
                 failed = True
                 log.error("worker process %d %s", child.pid, _describe_exit(code))
@@ -133,3 +160,26 @@ def watch_parent(parent_pid: int) -> None:
         # unsupervised.
         raise CommandError(f"--supervised-by {parent_pid}: that process is not this one's parent")
     threading.Thread(target=watch, name="sa_jobs-parent-watch", daemon=True).start()
+
+
+def watch_stuck(worker: Worker) -> threading.Event:
+    """Stop this worker the graceful way (SIGTERM to itself) once its stuck handler
+    threads reach its ``stuck_thread_limit``; the event returned is set then, and the
+    command exits :data:`STUCK_EXIT_CODE` (``--replace-stuck``). Its running jobs finish
+    first; the stuck threads' runs were settled already."""
+    stuck = threading.Event()
+
+    def watch() -> None:
+        while not worker.stuck_thread_limit_reached:
+            time.sleep(STUCK_CHECK_INTERVAL)
+        stuck.set()
+        log.error(
+            "%d handler threads are stuck (stuck_thread_limit %d reached): stopping this "
+            "process to be replaced by a fresh one (--replace-stuck)",
+            worker.stuck_threads,
+            worker.stuck_thread_limit,
+        )
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="sa_jobs-stuck-watch", daemon=True).start()
+    return stuck

@@ -12,17 +12,17 @@ import datetime as dt
 import json
 from typing import Any
 
-from sa_jobs.cli import settings
-from sa_jobs.cli.common import CommandError, format_table, session_from
-from sa_jobs.errors import UnknownQueueError
-from sa_jobs.queue_stats import as_dict
-from sa_jobs.queues import (
+from sa_jobs._act.queues import (
     ALLOW_UNKNOWN_HINT,
     QueueState,
     pause_queue,
     queue_states,
     resume_queue,
 )
+from sa_jobs._inspect.queue_stats import as_dict
+from sa_jobs.cli import settings
+from sa_jobs.cli.common import CommandError, format_table, session_from
+from sa_jobs.errors import UnknownQueueError
 
 __all__ = ["add_command"]
 

@@ -15,7 +15,7 @@ import attrs
 from alembic.script import Script, ScriptDirectory
 from sqlalchemy import Connection
 
-from sa_jobs.schema import BRANCHES, MIGRATIONS_DIR, VERSION_TABLE, recorded_versions
+from sa_jobs._table.schema import BRANCHES, MIGRATIONS_DIR, VERSION_TABLE, recorded_versions
 
 __all__ = [
     "BranchStatus",
@@ -75,7 +75,7 @@ class BranchStatus:
 
 
 def branch_status(script: ScriptDirectory, heads: Sequence[str]) -> list[BranchStatus]:
-    """Each of sa_jobs' branches, in :data:`sa_jobs.schema.BRANCHES` order."""
+    """Each of sa_jobs' branches, in :data:`sa_jobs._table.schema.BRANCHES` order."""
     installed = _installed(script, heads)
     statuses = []
     for branch in BRANCHES:

@@ -21,18 +21,25 @@ from typing import Any
 
 import attrs
 
+from sa_jobs._base.replicas import DEFAULT_MAX_LAG, ON_LAG
+from sa_jobs._declare.option_checks import check_queue
+from sa_jobs._declare.queue_config import Queue
 from sa_jobs.cli.common import Parser, UsageError
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.option_checks import check_queue
 
 __all__ = [
     "CONCURRENCY",
     "DEFAULT_CONCURRENCY",
     "LOG_LEVEL",
     "LOG_LEVELS",
+    "MAX_REPLICA_LAG",
     "MIGRATE_TARGET",
+    "ON_REPLICA_LAG",
     "PROCESSES",
     "QUEUES",
+    "READ_URL",
+    "REPLACE_STUCK",
+    "REPLICA_SETTINGS",
     "UNTIL_IDLE",
     "URL",
     "WORKER",
@@ -44,6 +51,7 @@ __all__ = [
     "log_level",
     "positive_int",
     "queue_spec",
+    "replica_options",
     "resolve",
 ]
 
@@ -51,8 +59,37 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 #: Concurrency of a queue named without one (``-q mail``): the Worker's own default.
 DEFAULT_CONCURRENCY = 10
 
-#: A queue named on the command line, with its concurrency if one was given.
-QueueSpec = tuple[str, int | None]
+
+@attrs.frozen
+class QueueSpec:
+    """A queue named on the command line: ``NAME[=N][:fair_by=F[+F...]]`` or
+    ``NAME[=N][:fair_by_metadata=KEY]``.
+
+    Attributes:
+        name: The queue.
+        concurrency: ``N``, if given.
+        fair_by: The args fields a fair queue rotates by (``+`` joins several: a comma
+            separates queues in ``$SA_JOBS_QUEUES``).
+        fair_by_metadata: Or the metadata key it rotates by.
+    """
+
+    name: str
+    concurrency: int | None = None
+    fair_by: tuple[str, ...] | None = None
+    fair_by_metadata: str | None = None
+
+    @property
+    def fair(self) -> bool:
+        return self.fair_by is not None or self.fair_by_metadata is not None
+
+    def text(self) -> str:
+        """The spec as ``-q`` reads it back (a ``--processes`` child's command line)."""
+        text = self.name if self.concurrency is None else f"{self.name}={self.concurrency}"
+        if self.fair_by is not None:
+            text += f":fair_by={'+'.join(self.fair_by)}"
+        if self.fair_by_metadata is not None:
+            text += f":fair_by_metadata={self.fair_by_metadata}"
+        return text
 
 
 @attrs.frozen
@@ -135,20 +172,48 @@ def flag(text: str) -> bool:
     )
 
 
+#: The fairness options at the end of a ``-q`` value; what comes before them is
+#: ``NAME[=N]`` (so a queue name may itself hold a colon).
+_FAIR_OPTIONS = re.compile(r"^(?P<head>.*?)(?P<options>(?::(?:fair_by|fair_by_metadata)=[^:]*)*)$")
+
+
+def _fairness(text: str, options: str) -> dict[str, Any]:
+    """``:fair_by=a+b`` / ``:fair_by_metadata=k`` as the :class:`QueueSpec` fields,
+    checked as ``sa_jobs.Queue`` checks them."""
+    found: dict[str, Any] = {}
+    for option in options.split(":")[1:]:
+        name, _, value = option.partition("=")
+        if name in found:
+            raise argparse.ArgumentTypeError(f"{text!r}: {name} is given twice; give it once")
+        found[name] = tuple(value.split("+")) if name == "fair_by" else value
+    try:
+        # The same checks as in code: field names, one metadata key, not both.
+        Queue(1, **found)
+    except InvalidOptionsError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+    return found
+
+
 def queue_spec(text: str) -> QueueSpec:
-    """``NAME`` or ``NAME=CONCURRENCY``: a queue to work, and how many of its jobs at once."""
-    name, equals, concurrency = text.strip().partition("=")
+    """``NAME[=CONCURRENCY]``, optionally followed by ``:fair_by=FIELD[+FIELD...]`` or
+    ``:fair_by_metadata=KEY``: a queue to work, how many of its jobs at once, and the key
+    a fair queue rotates by (``docs/cli.md``, "Fair queues from the command line")."""
+    parts = _FAIR_OPTIONS.match(text.strip())
+    assert parts is not None  # every text matches (the options part may be empty)
+    name, equals, concurrency = parts.group("head").partition("=")
     name = name.strip()
     try:
         check_queue(name)
     except InvalidOptionsError:
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a queue: expected NAME or NAME=CONCURRENCY, e.g. mail=10"
+            f"{text!r} is not a queue: expected NAME or NAME=CONCURRENCY, e.g. mail=10, "
+            "optionally with :fair_by=FIELD or :fair_by_metadata=KEY"
         ) from None
+    fairness = _fairness(text, parts.group("options"))
     if not equals:
-        return name, None
+        return QueueSpec(name, None, **fairness)
     try:
-        return name, positive_int(concurrency)
+        return QueueSpec(name, positive_int(concurrency), **fairness)
     except argparse.ArgumentTypeError:
         raise argparse.ArgumentTypeError(
             f"{text!r}: the concurrency after '=' must be a whole number of at least 1, "
@@ -158,6 +223,15 @@ def queue_spec(text: str) -> QueueSpec:
 
 def _text(text: str) -> str:
     return text
+
+
+def on_replica_lag(text: str) -> str:
+    value = text.strip().lower().replace("-", "_")
+    if value not in ON_LAG:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a choice; use one of {', '.join(c.replace('_', '-') for c in ON_LAG)}"
+        )
+    return value
 
 
 # ---------------------------------------------------------------------- the table
@@ -171,6 +245,26 @@ CONCURRENCY = Setting(
 )
 PROCESSES = Setting("processes", ("SA_JOBS_PROCESSES",), positive_int, 1, option="--processes")
 UNTIL_IDLE = Setting("until_idle", ("SA_JOBS_UNTIL_IDLE",), flag, False, option="--until-idle")
+REPLACE_STUCK = Setting(
+    "replace_stuck", ("SA_JOBS_REPLACE_STUCK",), flag, False, option="--replace-stuck"
+)
+READ_URL = Setting("read_url", ("SA_JOBS_READ_URL",), _text, None, option="--read-url")
+MAX_REPLICA_LAG = Setting(
+    "max_replica_lag",
+    ("SA_JOBS_MAX_REPLICA_LAG",),
+    duration,
+    dt.timedelta(seconds=DEFAULT_MAX_LAG),
+    option="--max-replica-lag",
+)
+ON_REPLICA_LAG = Setting(
+    "on_replica_lag",
+    ("SA_JOBS_ON_REPLICA_LAG",),
+    on_replica_lag,
+    "fall_back",
+    option="--on-replica-lag",
+)
+#: The settings of a command that can read from a replica.
+REPLICA_SETTINGS = (READ_URL, MAX_REPLICA_LAG, ON_REPLICA_LAG)
 MIGRATE_TARGET = Setting(
     "target", ("SA_JOBS_MIGRATE_TARGET",), _text, "heads", option="migrate --target"
 )
@@ -199,6 +293,36 @@ def global_options() -> Parser:
         metavar="LEVEL",
         help=f"{', '.join(LOG_LEVELS)} (default: $SA_JOBS_LOG_LEVEL, else INFO "
         "for work and WARNING for the other commands)",
+    )
+    return parser
+
+
+def replica_options() -> Parser:
+    """``--read-url`` and its guard's options, for the commands that only read."""
+    parser = Parser(add_help=False)
+    group = parser.add_argument_group("reading from a replica (docs/operations.md)")
+    group.add_argument(
+        "--read-url",
+        default=argparse.SUPPRESS,
+        metavar="URL",
+        help="a streaming standby of --url's database to read from (default: "
+        "$SA_JOBS_READ_URL; none: read --url)",
+    )
+    group.add_argument(
+        "--max-replica-lag",
+        type=duration,
+        default=argparse.SUPPRESS,
+        metavar="DURATION",
+        help="how far behind the replica may be (default: $SA_JOBS_MAX_REPLICA_LAG, "
+        f"else {DEFAULT_MAX_LAG:g}s)",
+    )
+    group.add_argument(
+        "--on-replica-lag",
+        type=on_replica_lag,
+        default=argparse.SUPPRESS,
+        metavar="fall-back|report",
+        help="past it: read --url instead (fall-back, the default; "
+        "$SA_JOBS_ON_REPLICA_LAG) or read the replica anyway and say so (report)",
     )
     return parser
 

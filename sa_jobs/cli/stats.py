@@ -14,12 +14,12 @@ import datetime as dt
 import json
 from typing import Any
 
+from sa_jobs._base.states import JobState
+from sa_jobs._inspect.health import Health, HealthLevel, HealthThresholds, check_health
+from sa_jobs._inspect.queue_stats import EXACT_LIMIT, QueueStats, Stats, as_dict, stats_through
 from sa_jobs.cli import settings
-from sa_jobs.cli.common import UsageError, format_table, session_from
+from sa_jobs.cli.common import UsageError, format_table, replica_from, session_from
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.health import Health, HealthLevel, HealthThresholds, check_health
-from sa_jobs.queue_stats import EXACT_LIMIT, QueueStats, Stats, as_dict, stats
-from sa_jobs.states import JobState
 
 __all__ = ["EXIT_CODES", "add_commands", "format_health", "format_stats"]
 
@@ -27,6 +27,7 @@ __all__ = ["EXIT_CODES", "add_commands", "format_health", "format_stats"]
 EXIT_CODES = {HealthLevel.OK: 0, HealthLevel.WARNING: 3, HealthLevel.CRITICAL: 4}
 
 SETTINGS = (settings.URL, settings.LOG_LEVEL)
+STATS_SETTINGS = (*SETTINGS, *settings.REPLICA_SETTINGS)
 
 
 def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -62,7 +63,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
 
     numbers = commands.add_parser(
         "stats",
-        parents=[common, output, limits],
+        parents=[common, output, limits, settings.replica_options()],
         help="jobs per queue and state, oldest available, workers, halted sequences, health",
     )
     numbers.add_argument(
@@ -73,7 +74,7 @@ def add_commands(commands: Any, common: argparse.ArgumentParser) -> None:
         help="count the jobs of each state exactly up to N, estimate past it "
         f"(default {EXACT_LIMIT:,})",
     )
-    numbers.set_defaults(run=_stats, settings=SETTINGS)
+    numbers.set_defaults(run=_stats, settings=STATS_SETTINGS)
 
     probe = commands.add_parser(
         "health",
@@ -116,12 +117,21 @@ def _thresholds(options: argparse.Namespace) -> HealthThresholds:
 
 def _stats(options: argparse.Namespace) -> int:
     thresholds = _thresholds(options)
-    with session_from(options) as session:
-        found = stats(session, exact_limit=options.exact_limit, thresholds=thresholds)
+    replica = replica_from(options)
+    try:
+        with session_from(options) as session:
+            found = stats_through(
+                session, replica, exact_limit=options.exact_limit, thresholds=thresholds
+            )
+    finally:
+        if replica is not None:
+            replica.sync_engine.dispose()
     if options.json:
         print(json.dumps(as_dict(found), indent=2))
         return 0
     print(format_stats(found))
+    if found.replica is not None:
+        print(f"\n{found.replica.describe()}")
     return 0
 
 
@@ -139,7 +149,18 @@ def format_stats(found: Stats) -> str:
         for queue in found.queues.values()
     ]
     rows.append(("total", *(_count(found.totals[s], s in found.estimated) for s in states), ""))
+    if found.pending_steps is not None:
+        # Workflow steps waiting for their dependencies (pending above is sequences').
+        header = (*header, "pending steps")
+        rows = [
+            (*row, f"{queue.pending_steps or 0:,}")
+            for row, queue in zip(rows, found.queues.values(), strict=False)
+        ] + [(*rows[-1], f"{found.pending_steps:,}")]
     lines = [format_table(header, rows)]
+    if found.pending_steps_capped:
+        lines.append(
+            f"(pending steps: counted up to {found.exact_limit + 1:,} per queue; see --exact-limit)"
+        )
     if found.estimated:
         lines.append(
             f"(~ estimated: more than {found.exact_limit:,} jobs in that state; see --exact-limit)"

@@ -17,12 +17,15 @@ import importlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import attrs
 from sqlalchemy import URL, create_engine
 from sqlalchemy.pool import NullPool
 
+from sa_jobs._base.urls import servers
+from sa_jobs._declare.queue_config import Queue
 from sa_jobs.cli import processes, settings
 from sa_jobs.cli.common import CommandError, UsageError, first_line, parse_url
 from sa_jobs.cli.settings import QueueSpec
@@ -42,6 +45,7 @@ SETTINGS = (
     settings.CONCURRENCY,
     settings.PROCESSES,
     settings.UNTIL_IDLE,
+    settings.REPLACE_STUCK,
 )
 
 
@@ -68,9 +72,11 @@ def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
         action="append",
         type=settings.queue_spec,
         default=argparse.SUPPRESS,
-        metavar="NAME[=N]",
+        metavar="NAME[=N][:fair_by=F]",
         help="work this queue, N of its jobs at once (repeatable; replaces the worker's own "
-        "queues; default: $SA_JOBS_QUEUES, e.g. mail=10,default=5)",
+        "queues, keeping the fairness and weights its code gives a queue of that name; "
+        "default: $SA_JOBS_QUEUES, e.g. mail=10,default=5). :fair_by=FIELD[+FIELD] or "
+        ":fair_by_metadata=KEY makes it a fair queue (e.g. reports=10:fair_by=tenant_id)",
     )
     parser.add_argument(
         "--concurrency",
@@ -95,6 +101,15 @@ def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
         default=argparse.SUPPRESS,
         help="work every job that is due now, then exit 0 (default: $SA_JOBS_UNTIL_IDLE)",
     )
+    parser.add_argument(
+        "--replace-stuck",
+        action=argparse.BooleanOptionalAction,
+        default=argparse.SUPPRESS,
+        help="when a process's handler threads stuck past their timeout reach its "
+        "stuck_thread_limit, stop it gracefully and exit "
+        f"{processes.STUCK_EXIT_CODE}; under --processes the parent starts a fresh one "
+        "(default: $SA_JOBS_REPLACE_STUCK, else off)",
+    )
     # Given by a --processes parent to its children: they stop when it is gone.
     parser.add_argument(
         "--supervised-by", type=int, default=None, metavar="PID", help=argparse.SUPPRESS
@@ -105,7 +120,8 @@ def add_command(commands: Any, common: argparse.ArgumentParser) -> None:
 def _work(options: argparse.Namespace) -> int:
     if not options.app:
         raise UsageError("name the worker: sa-jobs work MODULE:ATTRIBUTE, or set SA_JOBS_WORKER")
-    queues = queues_from(options.queues or (), options.concurrency)
+    specs: Sequence[QueueSpec] = options.queues or ()
+    queues_from(specs, options.concurrency)  # a queue named twice is refused before the import
     source = _url_source(options.url)
     if options.url:
         # A URL of another database is said in one line, before the app builds an
@@ -123,46 +139,92 @@ def _work(options: argparse.Namespace) -> int:
         _describe(worker.engine.url),
         f"; {source} names the same" if options.url else "",
     )
-    if queues:
-        worker.queues = queues
+    if specs:
+        worker.queues = queues_from(specs, options.concurrency, worker.fair)
     elif options.concurrency:
-        worker.queues = dict.fromkeys(worker.queues, options.concurrency)
+        worker.queues = _with_concurrency(worker, options.concurrency)
     if options.processes > 1:
         return processes.supervise(
-            _child_command(options, worker.queues), options.processes, options.until_idle
+            _child_command(options, worker),
+            options.processes,
+            options.until_idle,
+            replace_stuck=options.replace_stuck,
         )
     if options.supervised_by:
         processes.watch_parent(options.supervised_by)
-    if options.until_idle:
-        return _until_idle(worker)
-    worker.run()
-    return 0
+    stuck = processes.watch_stuck(worker) if options.replace_stuck else None
+    code = _until_idle(worker) if options.until_idle else _run(worker)
+    return processes.STUCK_EXIT_CODE if stuck is not None and stuck.is_set() else code
 
 
-def queues_from(specs: Sequence[QueueSpec], concurrency: int | None) -> dict[str, int]:
+def queues_from(
+    specs: Sequence[QueueSpec], concurrency: int | None, own: Mapping[str, Queue] | None = None
+) -> dict[str, int | Queue]:
     """``-q`` values as the Worker's ``queues``; a queue named twice is a mistake.
+
+    ``own``: the fair queues the worker's code declares. A ``-q`` naming one of them
+    without fairness options keeps its fairness and weights (only the concurrency is the
+    command line's): dropping them would let one tenant's backlog block the others again,
+    and nothing would say so. One with ``:fair_by=...`` keeps the code's weights only if
+    it names the same key (weights are per key text).
 
     Raises:
         UsageError: a queue is named twice.
     """
-    queues: dict[str, int] = {}
-    for name, figure in specs:
-        if name in queues:
-            raise UsageError(f"queue {name!r} is named twice in -q/$SA_JOBS_QUEUES; name it once")
-        queues[name] = figure or concurrency or settings.DEFAULT_CONCURRENCY
+    queues: dict[str, int | Queue] = {}
+    for spec in specs:
+        if spec.name in queues:
+            raise UsageError(
+                f"queue {spec.name!r} is named twice in -q/$SA_JOBS_QUEUES; name it once"
+            )
+        figure = spec.concurrency or concurrency or settings.DEFAULT_CONCURRENCY
+        declared = (own or {}).get(spec.name)
+        if spec.fair:
+            fair = Queue(figure, fair_by=spec.fair_by, fair_by_metadata=spec.fair_by_metadata)
+            if declared is not None and declared.key_spec == fair.key_spec:
+                fair = attrs.evolve(fair, weights=declared.weights)
+            queues[spec.name] = fair
+        elif declared is not None:
+            queues[spec.name] = attrs.evolve(declared, concurrency=figure)
+        else:
+            queues[spec.name] = figure
     return queues
 
 
-def _child_command(options: argparse.Namespace, queues: dict[str, int]) -> list[str]:
+def _with_concurrency(worker: Worker, concurrency: int) -> dict[str, int | Queue]:
+    """The worker's own queues, each at ``concurrency``, the fair ones still fair."""
+    fair = worker.fair
+    return {
+        name: attrs.evolve(fair[name], concurrency=concurrency) if name in fair else concurrency
+        for name in worker.queues
+    }
+
+
+def _child_command(options: argparse.Namespace, worker: Worker) -> list[str]:
     """One child's command line: everything resolved, so the environment cannot differ
-    (and ``SA_JOBS_PROCESSES`` cannot make the child a parent in turn)."""
+    (and ``SA_JOBS_PROCESSES`` cannot make the child a parent in turn). A fair queue is
+    named with its key, so a fairness given by ``-q`` reaches the children too."""
     command = [sys.executable, "-m", "sa_jobs.cli", "work", options.app, "--processes", "1"]
     command += ["--log-level", options.log_level or options.default_log_level]
     command += ["--until-idle" if options.until_idle else "--no-until-idle"]
     command += ["--supervised-by", str(os.getpid())]
-    for name, concurrency in queues.items():
-        command += ["-q", f"{name}={concurrency}"]
+    command += ["--replace-stuck" if options.replace_stuck else "--no-replace-stuck"]
+    fair = worker.fair
+    for name, concurrency in worker.queues.items():
+        queue = fair.get(name)
+        spec = QueueSpec(
+            name,
+            concurrency,
+            fair_by=queue.fair_by if queue is not None else None,
+            fair_by_metadata=queue.fair_by_metadata if queue is not None else None,
+        )
+        command += ["-q", spec.text()]
     return command
+
+
+def _run(worker: Worker) -> int:
+    worker.run()
+    return 0
 
 
 def _until_idle(worker: Worker) -> int:
@@ -194,9 +256,8 @@ def _address(url: URL) -> tuple[str, int, str | None]:
 
 
 def _describe(url: URL, identity: tuple[object, ...] | None = None) -> str:
-    host, port, database = _address(url)
-    name = identity[1] if identity is not None else database
-    return f"database {name!r} at {host}:{port}"
+    name = identity[1] if identity is not None else url.database
+    return f"database {name!r} at {servers(url)}"
 
 
 def check_worker_database(worker: Worker, raw_url: str, *, source: str, app: str) -> None:

@@ -19,7 +19,10 @@ from sqlalchemy.orm import Session
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from sa_jobs.control import cancel_job, retry_job
+from sa_jobs._act.control import cancel_job, retry_job
+from sa_jobs._act.queues import pause_queue, resume_queue
+from sa_jobs._base.states import JobState
+from sa_jobs._table.schema import SEQUENCE_BRANCH, Features
 from sa_jobs.dashboard.context import Dashboard
 from sa_jobs.dashboard.queries import halts_sequence
 from sa_jobs.dashboard.security import CSRF_FIELD, csrf_problem
@@ -32,11 +35,9 @@ from sa_jobs.errors import (
     SchemaMissingError,
     UnknownKindError,
     UnknownQueueError,
+    WorkflowNotFoundError,
 )
 from sa_jobs.periodic import run_now
-from sa_jobs.queues import pause_queue, resume_queue
-from sa_jobs.schema import SEQUENCE_BRANCH, Features
-from sa_jobs.states import JobState
 
 __all__ = [
     "Form",
@@ -112,7 +113,7 @@ def action(
     run: Callable[[Request, Dashboard, Form], Any],
 ) -> Callable[[Request], Any]:
     """An endpoint: read and check the form, run the action, turn sa_jobs' errors into
-    pages with sa_jobs' own message: 404 for a job or periodic job that is gone, 400 for
+    pages with sa_jobs' own message: 404 for a job, periodic job or workflow that is gone, 400 for
     bad input (an unknown queue or kind, a filter the action refuses), 409 for an action
     the job's state refuses or a feature branch that is not installed."""
 
@@ -124,7 +125,7 @@ def action(
             return response
         except Refused as refused:
             return dashboard.error_page(request, refused.status, refused.message)
-        except (JobNotFoundError, PeriodicJobNotFoundError) as exc:
+        except (JobNotFoundError, PeriodicJobNotFoundError, WorkflowNotFoundError) as exc:
             return dashboard.error_page(request, 404, str(exc))
         except (
             InvalidOptionsError,

@@ -12,7 +12,8 @@ from starlette.middleware import Middleware
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from sa_jobs.dashboard import actions, bulk, failures, pages
+from sa_jobs._base.replicas import DEFAULT_MAX_LAG, OnLag, ReplicaReads
+from sa_jobs.dashboard import actions, confirmed_actions, failures, pages
 from sa_jobs.dashboard.context import Dashboard
 from sa_jobs.dashboard.database import Database
 from sa_jobs.dashboard.rendering import Renderer
@@ -30,6 +31,9 @@ def create_app(
     auth: Auth | None = None,
     read_only: bool = False,
     base_path: str = "",
+    read_engine: Engine | AsyncEngine | None = None,
+    max_replica_lag: float = DEFAULT_MAX_LAG,
+    on_replica_lag: OnLag = "fall_back",
 ) -> Starlette:
     """The sa_jobs dashboard, an ASGI application.
 
@@ -49,6 +53,14 @@ def create_app(
         base_path: The path prefix browsers reach the dashboard at when a proxy in front
             strips it (``"/ops/jobs"``). Not needed when mounted: the mount's path is
             seen on its own.
+        read_engine: A streaming standby of ``engine``'s database (of the same kind,
+            sync or async): every page reads there, every action writes through
+            ``engine``. Each page says how far behind the replica is. Refused when it
+            reaches another database; a warning when it reaches the primary itself.
+        max_replica_lag: Seconds the replica may be behind (default 5).
+        on_replica_lag: Past it, ``"fall_back"`` (read through ``engine``, the default)
+            or ``"report"`` (read the replica anyway; the page says its figures are
+            stale).
 
     Raises:
         InvalidOptionsError: a ``base_path`` that is not ``""`` or ``"/something"``, an
@@ -70,8 +82,13 @@ def create_app(
             "sa_jobs.dashboard.basic_auth(user, password) — unless your app guards the "
             "mount itself or only this machine can reach it."
         )
+    replica = (
+        None
+        if read_engine is None
+        else ReplicaReads(read_engine, max_lag=max_replica_lag, on_lag=on_replica_lag)
+    )
     dashboard = Dashboard(
-        database=Database(engine),
+        database=Database(engine, replica),
         renderer=Renderer(base_path=base_path, read_only=read_only),
         read_only=read_only,
     )
@@ -81,8 +98,15 @@ def create_app(
         Route("/jobs/{job_id:int}", pages.job, name="job"),
         Route("/jobs/{job_id:int}/retry", actions.retry, methods=["POST"]),
         Route("/jobs/{job_id:int}/cancel", actions.cancel, methods=["POST"]),
-        Route("/jobs/{job_id:int}/delete", bulk.delete, methods=["POST"]),
-        Route("/jobs/bulk", bulk.bulk, methods=["POST"]),
+        Route("/jobs/{job_id:int}/delete", confirmed_actions.delete, methods=["POST"]),
+        Route("/jobs/bulk", confirmed_actions.bulk, methods=["POST"]),
+        Route("/workflows", pages.workflows, name="workflows"),
+        Route("/workflows/{workflow_id:int}", pages.workflow, name="workflow"),
+        Route(
+            "/workflows/{workflow_id:int}/cancel",
+            confirmed_actions.cancel_workflow,
+            methods=["POST"],
+        ),
         Route("/sequences", pages.sequences, name="sequences"),
         Route("/sequences/{job_id:int}/resume", actions.resume_sequence, methods=["POST"]),
         Route("/periodic", pages.periodic, name="periodic"),

@@ -31,22 +31,21 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-from sqlalchemy import Select, Text, func, literal_column, select, tuple_
+from sqlalchemy import Select, Text, func, select, tuple_
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import ColumnElement
 
-from sa_jobs.models import job_state_type, job_table
-from sa_jobs.schema import Features
-from sa_jobs.states import JobState
+from sa_jobs._base.states import JobState
+from sa_jobs._table.models import job_table, state_is
+from sa_jobs._table.schema import Features
+from sa_jobs.dashboard.list_filter import FilterError, ListFilter
 
 __all__ = [
     "PAGE_SIZE",
     "SCAN_WINDOW",
-    "FilterError",
     "JobListRow",
     "JobPage",
-    "ListFilter",
     "StateOrder",
     "list_jobs",
     "page_statement",
@@ -57,83 +56,6 @@ PAGE_SIZE = 50
 #: Rows of the table (or of one state's index) one page of the jobs list reads, at most.
 SCAN_WINDOW = 50_000
 ARGS_PREVIEW = 160
-
-
-class FilterError(ValueError):
-    """A filter in the query string that cannot be applied (shown on the page as is)."""
-
-
-@attrs.frozen
-class ListFilter:
-    """The jobs list's filters; empty strings mean "any"."""
-
-    state: JobState | None = None
-    queue: str = ""
-    kind: str = ""
-    tag: str = ""
-    text: str = ""
-
-    @classmethod
-    def from_params(cls, params: Mapping[str, str]) -> ListFilter:
-        """The filter in a query string.
-
-        Raises:
-            FilterError: an unknown state.
-        """
-        state_name = params.get("state", "").strip()
-        state = None
-        if state_name:
-            try:
-                state = JobState(state_name)
-            except ValueError:
-                names = ", ".join(s.value for s in JobState)
-                raise FilterError(f"unknown state {state_name!r}; use one of {names}") from None
-        return cls(
-            state=state,
-            queue=params.get("queue", "").strip(),
-            kind=params.get("kind", "").strip(),
-            tag=params.get("tag", "").strip(),
-            text=params.get("q", "").strip(),
-        )
-
-    @property
-    def active(self) -> bool:
-        return bool(self.state or self.queue or self.kind or self.tag or self.text)
-
-    def params(self) -> dict[str, str]:
-        """The filter as query-string parameters (empty ones left out)."""
-        found = {
-            "state": self.state.value if self.state else "",
-            "queue": self.queue,
-            "kind": self.kind,
-            "tag": self.tag,
-            "q": self.text,
-        }
-        return {name: value for name, value in found.items() if value}
-
-    def params_with(self, **changes: str) -> dict[str, str]:
-        """The query string of this filter with some values changed ("" drops one)."""
-        return {name: value for name, value in {**self.params(), **changes}.items() if value}
-
-    def conditions(self, jobs: Any) -> list[ColumnElement[bool]]:
-        """The WHERE conditions on ``jobs`` (the table or a subquery of it)."""
-        found: list[ColumnElement[bool]] = []
-        if self.state is not None:
-            found.append(jobs.c.state == self.state)
-        if self.queue:
-            found.append(jobs.c.queue == self.queue)
-        if self.kind:
-            found.append(jobs.c.kind == self.kind)
-        if self.tag:
-            found.append(jobs.c.tags.contains([self.tag]))
-        if self.text:
-            pattern = "%" + _escape_like(self.text) + "%"
-            found.append(sql_cast(jobs.c.args, Text).ilike(pattern, escape="\\"))
-        return found
-
-
-def _escape_like(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 @attrs.frozen
@@ -267,7 +189,7 @@ _LISTED = (
 def _state_is(state: JobState) -> ColumnElement[bool]:
     # A literal, not a bound parameter: the planner must see that the condition implies
     # the partial index's predicate even in a generic plan of a prepared statement.
-    return job_table.c.state == literal_column(f"'{state.value}'", job_state_type)
+    return state_is(job_table.c.state, state)
 
 
 def _index_conditions(jobs_filter: ListFilter, order: StateOrder) -> list[ColumnElement[bool]]:
@@ -349,11 +271,11 @@ def page_statement(
     window = SCAN_WINDOW if window is None else window
     if jobs_filter.state is None:
         assert cursor is None or isinstance(cursor, int)
-        scanned = _id_window(cursor, window).subquery("scanned")
+        scanned = _id_window(cursor, window, _extra(jobs_filter)).subquery("scanned")
         return _page(scanned, jobs_filter, [scanned.c.id.desc()], page_size)
     assert not isinstance(cursor, int)
     order = STATE_ORDERS[jobs_filter.state]
-    columns = dict.fromkeys((*_LISTED, *order.columns))
+    columns = dict.fromkeys((*_LISTED, *order.columns, *_extra(jobs_filter)))
     scanned = (
         select(*(job_table.c[name] for name in columns))
         .where(*_index_conditions(jobs_filter, order), *_keyset(order, cursor))
@@ -368,10 +290,18 @@ def page_statement(
     return _page(scanned, rest, _sorted(scanned.c, order), page_size, order.columns)
 
 
-def _id_window(before: int | None, size: int) -> Select[Any]:
+def _extra(jobs_filter: ListFilter) -> tuple[str, ...]:
+    """Columns the window must carry for the filter beyond the listed ones (only then:
+    ``partition_key`` exists with the sa_jobs_fairness branch alone)."""
+    return ("partition_key",) if jobs_filter.key else ()
+
+
+def _id_window(before: int | None, size: int, extra: tuple[str, ...] = ()) -> Select[Any]:
     """The newest ``size`` jobs below ``before``, read backwards along the primary key."""
     statement = (
-        select(*(job_table.c[name] for name in _LISTED)).order_by(job_table.c.id.desc()).limit(size)
+        select(*(job_table.c[name] for name in (*_LISTED, *extra)))
+        .order_by(job_table.c.id.desc())
+        .limit(size)
     )
     if before is not None:
         statement = statement.where(job_table.c.id < before)
@@ -396,6 +326,10 @@ def list_jobs(
         FilterError: an ``after`` cursor this filter's pages do not make.
     """
     window = SCAN_WINDOW if window is None else window
+    if jobs_filter.ref and not Features.of(session.connection()).refs:
+        raise FilterError("filtering by a referenced row needs the sa_jobs_refs branch")
+    if jobs_filter.ref and not Features.of(session.connection()).refs:
+        raise FilterError("filtering by a referenced row needs the sa_jobs_refs branch")
     if jobs_filter.state is None:
         return _list_by_id(session, jobs_filter, before, page_size, window)
     order = STATE_ORDERS[jobs_filter.state]

@@ -3,13 +3,13 @@ queue and kind names its filters suggest, and which bulk actions can apply to a 
 
 Each is bounded, whatever the table holds:
 
-* **Counts** are the overview's (:func:`sa_jobs.job_counts.count_jobs`, as
+* **Counts** are the overview's (:func:`sa_jobs._inspect.job_counts.count_jobs`, as
   ``sa_jobs.stats()`` reads them): exact up to ``EXACT_LIMIT`` jobs per state through the
   state's partial index, estimated past it — of the filtered queue, or of all queues.
-* **Queues** are the *known* queues of :mod:`sa_jobs.queues`: a job is in it (the counts
+* **Queues** are the *known* queues of :mod:`sa_jobs._act.queues`: a job is in it (the counts
   just read list every queue holding jobs), a worker's heartbeat row lists it, or it has
   a control row. Both tables are one row per worker process or per paused queue.
-* **Kinds** are the kinds declared in this process (``sa_jobs.args.default_registry``;
+* **Kinds** are the kinds declared in this process (``sa_jobs._declare.args.default_registry``;
   empty under a standalone ``sa-jobs dashboard``, which imports no app code) and the
   distinct kinds of the newest :data:`KIND_WINDOW` jobs, read backwards along the primary
   key. No index on ``kind`` exists (it would cost every insert), so a kind no recent job
@@ -24,14 +24,15 @@ import attrs
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from sa_jobs.args import default_registry
-from sa_jobs.bulk import JobFilter, Operation
+from sa_jobs._act.by_filter import JobFilter, Operation
+from sa_jobs._act.queues import queue_states
+from sa_jobs._base.states import JobState
+from sa_jobs._declare.args import default_registry
+from sa_jobs._inspect.job_counts import count_jobs, oldest_available
+from sa_jobs._table.models import job_table
+from sa_jobs._table.schema import Features
+from sa_jobs._table.service_tables import WorkerProcess
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.job_counts import count_jobs, oldest_available
-from sa_jobs.models import WorkerProcess, job_table
-from sa_jobs.queues import queue_states
-from sa_jobs.schema import Features
-from sa_jobs.states import JobState
 
 __all__ = [
     "KIND_WINDOW",

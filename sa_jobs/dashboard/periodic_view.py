@@ -14,10 +14,11 @@ import attrs
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from sa_jobs.models import PeriodicState, job_table
+from sa_jobs._base.states import JobState
+from sa_jobs._table.models import job_table
+from sa_jobs._table.schema import PERIODIC_BRANCH, Features
+from sa_jobs._table.service_tables import PeriodicState
 from sa_jobs.periodic import periodic_jobs
-from sa_jobs.schema import PERIODIC_BRANCH, Features
-from sa_jobs.states import JobState
 from sa_jobs.worker.maintenance.periodic import REGISTER_INTERVAL
 
 __all__ = ["STALE_AFTER", "PeriodicRow", "PeriodicView", "periodic_view"]

@@ -13,6 +13,7 @@ an empty one (docs/dashboard.md, "Big tables"):
 from __future__ import annotations
 
 import datetime as dt
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,11 +22,13 @@ from sqlalchemy import Float, Integer, case, func, select
 from sqlalchemy import cast as sql_cast
 from sqlalchemy.orm import Session, undefer
 
+from sa_jobs._base.states import JobState
+from sa_jobs._declare.output import output_preview
+from sa_jobs._inspect.ref_jobs import refs_in
+from sa_jobs._table.models import Job, job_table, state_is
+from sa_jobs._table.schema import Features
 from sa_jobs.dashboard.sequence_keys import SequenceKeys, SequenceParts
 from sa_jobs.errors import JobNotFoundError
-from sa_jobs.models import Job, job_table
-from sa_jobs.schema import Features
-from sa_jobs.states import JobState
 
 __all__ = [
     "CHART_CAP",
@@ -63,6 +66,11 @@ class JobDetail:
     #: What its sequence key is made of, from its own kind, queue and args (None: not
     #: sequenced, or made in a way the dashboard does not try).
     sequence_parts: SequenceParts | None = None
+    #: Its recorded output as indented JSON, cut if long (None: none, or no branch).
+    output: str | None = None
+    #: The rows its args reference (``sa_jobs.Ref``): table, primary key, and the
+    #: jobs-list filter value (``table:[pk]``).
+    refs: list[tuple[str, str, str]] = attrs.field(factory=list)
 
 
 def job_detail(session: Session, job_id: int) -> JobDetail | None:
@@ -78,6 +86,8 @@ def job_detail(session: Session, job_id: int) -> JobDetail | None:
     if features.job_key:
         options.append(undefer(Job.job_key))
         options.append(undefer(Job.revision))
+    if features.output:
+        options.append(undefer(Job.output_json))
     job = session.execute(select(Job).where(Job.id == job_id).options(*options)).scalar()
     if job is None:
         return None
@@ -91,11 +101,17 @@ def job_detail(session: Session, job_id: int) -> JobDetail | None:
             .select_from(job_table)
             .where(
                 job_table.c.sequence_key == job.sequence_key,
-                job_table.c.state == JobState.PENDING,
+                state_is(job_table.c.state, JobState.PENDING),
             )
         )
         halts = _halts(job.state, job.sequence_key, job.sequence_slot)
-    return JobDetail(job, features, waiting, halts, parts)
+    stored = job.output_json if features.output else None
+    output = output_preview(stored) if stored is not None else None
+    refs = [
+        (table, json.dumps(pk)[1:-1], f"{table}:{json.dumps(pk)}")
+        for table, pk in refs_in(job.args_json)
+    ]
+    return JobDetail(job, features, waiting, halts, parts, output, refs)
 
 
 def _halts(state: JobState, sequence_key: bytes | None, slot: bool | None) -> bool:
@@ -152,7 +168,8 @@ def halted_sequences(session: Session, limit: int | None = None) -> list[HaltedS
     pending = (
         select(func.count())
         .where(
-            waiting.c.sequence_key == job_table.c.sequence_key, waiting.c.state == JobState.PENDING
+            waiting.c.sequence_key == job_table.c.sequence_key,
+            state_is(waiting.c.state, JobState.PENDING),
         )
         .scalar_subquery()
     )
@@ -175,7 +192,7 @@ def halted_sequences(session: Session, limit: int | None = None) -> list[HaltedS
             # The slot index's own predicate, so the planner reads only slot holders.
             job_table.c.sequence_key.is_not(None),
             job_table.c.sequence_slot,
-            job_table.c.state.in_(HALTING_STATES),
+            state_is(job_table.c.state, *HALTING_STATES),
         )
         .order_by(job_table.c.finalized_at.desc())
         .limit(limit)
@@ -308,7 +325,7 @@ def _per_queue_minute(state: JobState, since: dt.datetime, cap: int) -> Any:
             job_table.c.attempted_at,
             job_table.c.scheduled_at,
         )
-        .where(job_table.c.state == state, job_table.c.finalized_at >= since)
+        .where(state_is(job_table.c.state, state), job_table.c.finalized_at >= since)
         .order_by(job_table.c.finalized_at.desc())
         .limit(cap)
         .subquery()

@@ -22,13 +22,14 @@ from collections.abc import Mapping, Sequence
 import attrs
 from sqlalchemy.orm import Session
 
+from sa_jobs._act.queues import queue_states
+from sa_jobs._base.states import JobState
+from sa_jobs._inspect.key_stats import QueueKeys
+from sa_jobs._inspect.queue_stats import Stats, WorkerStats
+from sa_jobs._table.schema import QUEUE_BRANCH, Features
 from sa_jobs.dashboard.charts import Sparkline, sparkline
 from sa_jobs.dashboard.queries import QueueHour, Throughput
 from sa_jobs.dashboard.workers_view import is_gone
-from sa_jobs.queue_stats import Stats, WorkerStats
-from sa_jobs.queues import queue_states
-from sa_jobs.schema import QUEUE_BRANCH, Features
-from sa_jobs.states import JobState
 
 __all__ = ["QueueRow", "QueuesView", "live_workers", "queues_view"]
 
@@ -47,6 +48,8 @@ class QueueRow:
     hour: QueueHour | None = None
     #: The hour as a sparkline (None: none finished).
     spark: Sparkline | None = None
+    #: Its partition keys, for a queue whose available jobs have them (stats()).
+    keys: QueueKeys | None = None
 
     @property
     def paused(self) -> bool:
@@ -76,6 +79,11 @@ class QueuesView:
     live_workers: int = 0
     gone_workers: int = 0
     branch: str = QUEUE_BRANCH
+
+    @property
+    def keyed(self) -> list[QueueRow]:
+        """The queues whose available jobs have partition keys (fair or limited by key)."""
+        return [row for row in self.rows if row.keys is not None]
 
     @property
     def unserved(self) -> list[QueueRow]:
@@ -111,6 +119,7 @@ def queues_view(session: Session, figures: Stats, hour: Throughput) -> QueuesVie
                 workers=serving.get(name, 0),
                 hour=finished,
                 spark=sparkline(finished.minutes) if finished else None,
+                keys=found.keys if found else None,
             )
         )
     registered = sum(w.hostname is not None for w in figures.workers)

@@ -19,7 +19,9 @@ import jinja2
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
+from sa_jobs._base.states import JobState
 from sa_jobs.dashboard.charts import format_seconds
+from sa_jobs.dashboard.database import REPLICA_STATUS
 from sa_jobs.dashboard.job_list import parse_instant
 from sa_jobs.dashboard.security import (
     CSRF_FIELD,
@@ -27,7 +29,6 @@ from sa_jobs.dashboard.security import (
     csrf_token,
     set_csrf_cookie,
 )
-from sa_jobs.states import JobState
 
 __all__ = ["NOTICES", "Renderer", "jobs_count"]
 
@@ -52,6 +53,10 @@ NOTICES = {
     "bulk-retried": "Retried {n}.",
     "bulk-cancelled": "Cancelled {n} (running ones were asked to stop).",
     "bulk-deleted": "Deleted {n} (running jobs are never deleted).",
+    "workflow-cancelled": (
+        "Workflow cancelled: {n} (its unfinished steps and callbacks; running steps were "
+        "asked to stop)."
+    ),
 }
 
 STATE_ORDER = [state.value for state in JobState]
@@ -195,7 +200,11 @@ class Renderer:
         page = Page(request=request, prefix=prefix, read_only=self.read_only, csrf=token)
         notice = _notice(request)
         html = self.environment.get_template(template).render(
-            page=page, notice=notice, refresh=_refresh(request), **values
+            page=page,
+            notice=notice,
+            refresh=_refresh(request),
+            replica=REPLICA_STATUS.get(),
+            **values,
         )
         response = HTMLResponse(html, status_code=status_code, headers=SECURITY_HEADERS)
         if new:

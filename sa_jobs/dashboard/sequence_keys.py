@@ -1,6 +1,7 @@
 """A sequence key as what makes it — ``customer_id=42`` — rather than its 64-hex hash.
 
-A sequence key is the SHA-256 of canonical bytes (:mod:`sa_jobs.keys`): the kind (unless
+A sequence key is the SHA-256 of canonical bytes
+(:mod:`sa_jobs._declare.unique_sequence_keys`): the kind (unless
 ``exclude_kind``), the args (``by_args``: the fields marked ``sequence=True``, or all of
 them), the queue (``by_queue``). A hash cannot be inverted, but every job of a sequence
 carries the values it was made from, so the dashboard rebuilds the canonical bytes from
@@ -10,7 +11,7 @@ parts that hash to the key, or nothing (and the page shows the hash).
 
 The ways tried, for a job of kind K:
 
-* with K declared in this process (``sa_jobs.args.default_registry``: a mounted
+* with K declared in this process (``sa_jobs._declare.args.default_registry``: a mounted
   dashboard imports the app's job classes), first the args its class marks (or all of
   them, when it marks none) — whatever ``SequenceOpts`` an insert passed, the class
   decides which args a key holds;
@@ -34,8 +35,8 @@ from typing import Any
 
 import attrs
 
-from sa_jobs.args import KindRegistry, default_registry
-from sa_jobs.keys import canonical_args, canonical_bytes
+from sa_jobs._declare.args import KindRegistry, default_registry
+from sa_jobs._declare.unique_sequence_keys import canonical_args, canonical_bytes
 
 __all__ = ["MAX_FIELDS", "SequenceKeys", "SequenceParts"]
 

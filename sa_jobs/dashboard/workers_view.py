@@ -19,11 +19,12 @@ import datetime as dt
 from collections.abc import Sequence
 
 import attrs
-from sqlalchemy import func, literal_column, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from sa_jobs.models import Leader, WorkerProcess, job_state_type, job_table
-from sa_jobs.states import JobState
+from sa_jobs._base.states import JobState
+from sa_jobs._table.models import job_table, state_is
+from sa_jobs._table.service_tables import Leader, WorkerProcess
 from sa_jobs.worker.maintenance.loop import MaintenanceConfig
 
 __all__ = [
@@ -150,7 +151,7 @@ def _running_by_worker(
             func.count().over(partition_by=worker).label("total"),
         )
         # A literal state: the condition matches sa_job_running_idx's predicate.
-        .where(job_table.c.state == literal_column(f"'{JobState.RUNNING.value}'", job_state_type))
+        .where(state_is(job_table.c.state, JobState.RUNNING))
         .subquery("ranked")
     )
     rows = session.execute(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, create_engine
 
-from sa_jobs.models import metadata
+from sa_jobs._table.models import metadata
 
 config = context.config
 

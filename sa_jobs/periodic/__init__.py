@@ -15,13 +15,13 @@ import datetime as dt
 from sqlalchemy import func
 from sqlalchemy.orm import Session
 
+from sa_jobs._base.sessions import either_session
+from sa_jobs._table.schema import translate_missing_schema
+from sa_jobs._table.service_tables import PeriodicState
 from sa_jobs.errors import PeriodicJobNotFoundError
-from sa_jobs.models import PeriodicState
 from sa_jobs.periodic.definition import PeriodicJob
 from sa_jobs.periodic.plan import CATCH_UP_LIMIT, CatchUp
 from sa_jobs.periodic.state import periodic_list, periodic_request_run
-from sa_jobs.schema import translate_missing_schema
-from sa_jobs.sessions import either_session
 
 __all__ = [
     "CATCH_UP_LIMIT",

@@ -15,10 +15,10 @@ from typing import Any
 
 import attrs
 
-from sa_jobs.args import encode_args, kind_of
+from sa_jobs._declare.args import encode_args, kind_of
+from sa_jobs._declare.option_checks import check_text
+from sa_jobs._declare.options import InsertOpts
 from sa_jobs.errors import InvalidJobArgsError, InvalidOptionsError
-from sa_jobs.option_checks import check_text
-from sa_jobs.options import InsertOpts
 from sa_jobs.periodic.plan import CATCH_UP_MODES, CatchUp, Fire
 from sa_jobs.periodic.schedule import Schedule, build_schedule
 

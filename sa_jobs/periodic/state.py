@@ -18,7 +18,7 @@ from sqlalchemy import Insert, Select, Update, case, delete, select, tuple_, upd
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.sql.dml import ReturningDelete
 
-from sa_jobs.models import PeriodicState
+from sa_jobs._table.service_tables import PeriodicState
 
 __all__ = [
     "periodic_advance",

@@ -35,10 +35,10 @@ import attrs
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
-from sa_jobs.args import JobKind, default_registry, kind_of
-from sa_jobs.models import Job
-from sa_jobs.sessions import EitherSession, either_session
-from sa_jobs.states import JobState
+from sa_jobs._base.sessions import EitherSession, either_session
+from sa_jobs._base.states import JobState
+from sa_jobs._declare.args import JobKind, default_registry, kind_of
+from sa_jobs._table.models import Job
 
 __all__ = [
     "WAITING_STATES",

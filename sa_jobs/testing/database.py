@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from sqlalchemy import URL, create_engine
 from sqlalchemy.pool import NullPool
 
+from sa_jobs._table.schema import migrate
 from sa_jobs.devdb import Server, find_server, normalize_url, throwaway_database
-from sa_jobs.schema import migrate
 
 __all__ = ["migrated_database", "migrated_database_on", "server_at"]
 

@@ -3,7 +3,7 @@
 :func:`run_jobs` is Oban's ``drain_jobs`` and River's ``rivertest.Worker`` for sa_jobs:
 it fetches due jobs of the worker's queues *through the test's session*, runs each with
 the handler registered on the worker, and writes the outcome exactly as the worker's
-completer would (:func:`sa_jobs.complete.finish_in`), all in the session's transaction.
+completer would (:func:`sa_jobs._act.complete.finish_in`), all in the session's transaction.
 A test that rolls back at the end leaves nothing behind, and a job its code enqueued
 without committing is found.
 
@@ -33,18 +33,23 @@ from typing import Any, overload
 
 import attrs
 from sqlalchemy import func, select, update
+from sqlalchemy.exc import MissingGreenlet, StatementError
 from sqlalchemy.ext.asyncio import AsyncSession, async_scoped_session
 from sqlalchemy.orm import Session, scoped_session
 
-from sa_jobs.complete import Outcome, complete_in, finish_in
-from sa_jobs.models import Job
-from sa_jobs.queues import queue_not_paused
-from sa_jobs.schema import Features
-from sa_jobs.states import JobState
-from sa_jobs.worker.execution import Execution, prepare
+from sa_jobs._act.complete import complete_encoded, finish_in, record_output_in
+from sa_jobs._act.queues import queue_not_paused
+from sa_jobs._act.workflow_outputs import read_step_output
+from sa_jobs._base.records import Outcome
+from sa_jobs._base.states import JobState
+from sa_jobs._table.models import Job, state_is
+from sa_jobs._table.schema import Features
+from sa_jobs.worker.execution import Execution, OutputSettings
+from sa_jobs.worker.handler_runs import prepare
 from sa_jobs.worker.handlers import Handler
 from sa_jobs.worker.maintenance.scheduler import Scheduler
 from sa_jobs.worker.maintenance.sequence_repair import SequenceRepair
+from sa_jobs.worker.missing_rows import check_rows
 from sa_jobs.worker.producer import jobs_fetch_available
 from sa_jobs.worker.worker import Worker
 
@@ -205,6 +210,10 @@ class _Runner:
         self.counts = dict.fromkeys(_COUNTED.values(), 0)
         self.errors: list[str] = []
         self.jobs: list[Job[Any]] = []
+        #: Outputs ``job.record_output`` kept in the async loop, by job id.
+        self.recorded: dict[int, Any] = {}
+        #: The async loop's session: ``job.output_of_async`` reads through it.
+        self.async_session: AsyncSession | None = None
 
     # -- the loops
 
@@ -212,21 +221,22 @@ class _Runner:
         if scheduled:
             self.bring_scheduled_forward(session)
         while (job := self.next_job(session)) is not None:
-            execution = self.execution(job)
+            execution = self.execution(session, job, session)
             outcome: Outcome | None
             try:
                 handler = prepare(execution)
+                check_rows(session, job)  # a referenced row gone ends it, as in the worker
                 if handler.is_async:
                     if handler.wants_session:
                         raise InlineUsageError(_needs_async_session(handler))
-                    _run_coroutine(handler.function, job)
-                    outcome = execution.outcome_for_return()
+                    result = _run_coroutine(handler.function, job)
+                    outcome = execution.outcome_for_return(result)
                 elif handler.wants_session:
-                    _run_in_savepoint(session, handler, job)
+                    _run_in_savepoint(session, execution, handler)
                     outcome = None
                 else:
-                    handler.function(job)
-                    outcome = execution.outcome_for_return()
+                    result = handler.function(job)
+                    outcome = execution.outcome_for_return(result)
             except InlineUsageError:
                 raise
             except Exception as exc:  # the handler's failure is data, as in the worker
@@ -235,29 +245,36 @@ class _Runner:
         return self.summary()
 
     async def run_async(self, session: AsyncSession, scheduled: bool) -> RunSummary:
+        self.async_session = session
         if scheduled:
             await session.run_sync(self.bring_scheduled_forward)
         while (job := await session.run_sync(self.next_job)) is not None:
-            execution = self.execution(job)
+            execution = await session.run_sync(self.execution, job, None)
             outcome: Outcome | None
             try:
                 handler = prepare(execution)
+                await session.run_sync(check_rows, job)
                 if handler.is_async and handler.wants_session:
                     async with session.begin_nested():
-                        await handler.function(job, session)
-                        await session.run_sync(complete_in, job)
+                        result = await handler.function(job, session)
+                        data = execution.encode_result(result)
+                        await session.run_sync(self.complete, job, data)
                     outcome = None
                 elif handler.is_async:
-                    await handler.function(job)
-                    outcome = execution.outcome_for_return()
+                    result = await handler.function(job)
+                    outcome = execution.outcome_for_return(result)
                 elif handler.wants_session:
                     # In run_sync the handler gets the sync Session behind the
                     # AsyncSession, as a sync handler gets a Session from the worker.
-                    await session.run_sync(_run_in_savepoint, handler, job)
+                    await session.run_sync(_run_in_savepoint, execution, handler)
                     outcome = None
                 else:
-                    handler.function(job)
-                    outcome = execution.outcome_for_return()
+                    # In run_sync too: a sync handler's job.output_of reads through the
+                    # session behind the AsyncSession, which works only there.
+                    result = await session.run_sync(_call_sync, handler, job)
+                    outcome = execution.outcome_for_return(result)
+            except InlineUsageError:
+                raise
             except Exception as exc:  # the handler's failure is data, as in the worker
                 # In run_sync: a savepoint's rollback may have expired the job, and only
                 # there may an expired attribute be loaded.
@@ -277,7 +294,7 @@ class _Runner:
         # The queue of the job that runs next across all queues (the worker's fetch takes
         # one queue at a time); locked so the fetch below takes that very job.
         due = [
-            Job.state == JobState.AVAILABLE,
+            state_is(Job.state, JobState.AVAILABLE),
             Job.queue.in_(self.queues),
             Job.scheduled_at <= func.now(),
         ]
@@ -310,18 +327,77 @@ class _Runner:
             self.jobs.append(job)
         return job
 
-    def execution(self, job: Job[Any]) -> Execution:
+    def execution(self, session: Session, job: Job[Any], direct: Session | None) -> Execution:
         """The run of ``job``, as the worker makes it: the outcome of a missing handler,
-        args that do not decode, a return or an exception comes from it."""
+        args that do not decode, a return or an exception comes from it.
+
+        ``job.record_output`` writes through ``direct`` (the sync loop's session) at
+        once; in the async loop, where a handler cannot use the sync session, the value
+        is kept and written before the run's outcome (:meth:`write_recorded`)."""
+
+        def record(job: Job[Any], data: Any) -> bool:
+            if direct is not None:
+                return record_output_in(direct.connection(), job, data)
+            self.recorded[job.id] = data
+            return True
+
+        def read(job: Job[Any], step: str) -> Any:
+            try:
+                return read_step_output((direct or session).connection(), job.id, step)
+            except StatementError as exc:
+                if not isinstance(exc.orig, MissingGreenlet):
+                    raise
+                # The async loop's session, from code that is not inside its run_sync:
+                # the plain form cannot wait on it there.
+                raise InlineUsageError(
+                    f"job {job.id} ({job.kind}) called job.output_of({step!r}) under "
+                    "`await run_jobs(async_session, worker)`, where the read must go through "
+                    f"the AsyncSession: use `await job.output_of_async({step!r})`"
+                ) from None
+
+        async def record_async(job: Job[Any], data: Any) -> bool:
+            return record(job, data)
+
+        async def read_async(job: Job[Any], step: str) -> Any:
+            if self.async_session is None:  # the sync loop: no event loop to spare
+                return read(job, step)
+            return await self.async_session.run_sync(
+                lambda sync: read_step_output(sync.connection(), job.id, step)
+            )
+
+        features = Features.of(session.connection())
+        outputs = OutputSettings(
+            stored=features.output,
+            max_bytes=self.worker.max_output_bytes,
+            recorder=record,
+            reader=read if features.workflow else None,
+            async_recorder=record_async,
+            async_reader=read_async if features.workflow else None,
+        )
         execution = Execution(
-            job, self.worker.handlers.find(job.kind), self.worker.retry_policy, _not_settled
+            job,
+            self.worker.handlers.find(job.kind),
+            self.worker.retry_policy,
+            _not_settled,
+            outputs=outputs,
         )
         execution.begin()
         return execution
 
+    def write_recorded(self, session: Session, job: Job[Any]) -> None:
+        """Write what the async loop's ``job.record_output`` kept (see :meth:`execution`)."""
+        data = self.recorded.pop(job.id, None)
+        if data is not None:
+            record_output_in(session.connection(), job, data)
+
+    def complete(self, session: Session, job: Job[Any], data: Any) -> None:
+        self.write_recorded(session, job)
+        complete_encoded(session, job, data)
+
     def record(self, session: Session, job: Job[Any], outcome: Outcome | None) -> None:
         """Write the outcome as the completer does (None: the handler's savepoint
         completed the job already) and count the state it left the job in."""
+        self.write_recorded(session, job)
         if outcome is None:
             state = JobState.COMPLETED
         else:
@@ -342,13 +418,17 @@ class _Runner:
     def bring_scheduled_forward(self, session: Session) -> None:
         session.execute(
             update(Job)
-            .where(Job.state == JobState.SCHEDULED, Job.queue.in_(self.queues))
+            .where(state_is(Job.state, JobState.SCHEDULED), Job.queue.in_(self.queues))
             .values(scheduled_at=func.now())
             .execution_options(synchronize_session=False)
         )
 
     def summary(self) -> RunSummary:
         return RunSummary(**self.counts, errors=tuple(self.errors), jobs=tuple(self.jobs))
+
+
+def _call_sync(_session: Session, handler: Handler, job: Job[Any]) -> Any:
+    return handler.function(job)
 
 
 class InlineUsageError(TypeError):
@@ -374,13 +454,14 @@ def _failure(_session: Session, execution: Execution, exc: Exception) -> Outcome
     return execution.outcome_for_exception(exc)
 
 
-def _run_in_savepoint(session: Session, handler: Handler, job: Job[Any]) -> None:
+def _run_in_savepoint(session: Session, execution: Execution, handler: Handler) -> None:
+    job = execution.job
     with session.begin_nested():
-        handler.function(job, session)
-        complete_in(session, job)
+        result = handler.function(job, session)
+        complete_encoded(session, job, execution.encode_result(result))
 
 
-def _run_coroutine(function: Callable[..., Any], job: Job[Any]) -> None:
+def _run_coroutine(function: Callable[..., Any], job: Job[Any]) -> Any:
     """Run an async handler taking ``(job)`` from sync code, on an event loop of its own."""
     try:
         asyncio.get_running_loop()
@@ -394,8 +475,9 @@ def _run_coroutine(function: Callable[..., Any], job: Job[Any]) -> None:
         )
     result = function(job)
     if inspect.isawaitable(result):
-        asyncio.run(_awaited(result))
+        return asyncio.run(_awaited(result))
+    return result
 
 
-async def _awaited(awaitable: Awaitable[Any]) -> None:
-    await awaitable
+async def _awaited(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable

@@ -27,7 +27,7 @@ import pytest
 from sqlalchemy import URL, Engine, create_engine
 from sqlalchemy.orm import Session
 
-from sa_jobs.models import Job
+from sa_jobs._table.models import Job
 from sa_jobs.testing.asserts import (
     KindLike,
     assert_enqueued,

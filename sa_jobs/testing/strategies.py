@@ -9,10 +9,12 @@ tests on.
 * :func:`args_values` draws instances of any job args class from its type annotations
   (``str``, ``int``, ``float``, ``bool``, ``None``, aware ``datetime``, ``date``,
   ``UUID``, ``Decimal``, enums, nested attrs classes, unions, ``list``, ``tuple``,
-  ``set``, ``frozenset`` and ``dict`` of these). With ``include_unstorable=True`` it also
-  draws what cannot be stored faithfully — NUL characters, lone surrogates, NaN and
-  infinities, naive datetimes, sub-second UTC offsets — so a test can check the converter
-  refuses them. :func:`values_for_type` does the same for one annotation.
+  ``set``, ``frozenset`` and ``dict`` of these, and ``sa_jobs.Ref[Model]``: references
+  with keys drawn from the model's primary-key types, :func:`ref_values`). With
+  ``include_unstorable=True`` it also draws what cannot be stored faithfully — NUL
+  characters, lone surrogates, NaN and infinities, naive datetimes, sub-second UTC
+  offsets — so a test can check the converter refuses them. :func:`values_for_type`
+  does the same for one annotation.
 * :func:`unstorable_reason` says, independently of the converter, why a value cannot be
   stored faithfully (or ``None`` when it can).
 * :func:`assert_same_args` compares an original value with its decoded copy, stricter
@@ -51,6 +53,8 @@ from typing import Any
 
 import attrs
 
+from sa_jobs._declare.refs import Ref, is_ref_type, mapper_of, ref_model
+
 try:
     from hypothesis import strategies as st
 except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
@@ -59,13 +63,13 @@ except ImportError as exc:  # pragma: no cover - exercised by a subprocess test
         "(sa_jobs itself works without it; only this module of test helpers needs it)"
     ) from exc
 
-from sa_jobs.args import encode_args
-from sa_jobs.durations import MAX_TTL
+from sa_jobs._base.durations import MAX_TTL
+from sa_jobs._base.states import JobState
+from sa_jobs._declare.args import encode_args
+from sa_jobs._declare.options import REQUIRED_UNIQUE_STATES, InsertOpts, UniqueOpts, insert_opts
+from sa_jobs._declare.unique_sequence_keys import key_digest
+from sa_jobs._insert.unique import unique_key_bytes
 from sa_jobs.errors import a_or_an
-from sa_jobs.keys import key_digest
-from sa_jobs.options import REQUIRED_UNIQUE_STATES, InsertOpts, UniqueOpts, insert_opts
-from sa_jobs.states import JobState
-from sa_jobs.unique import unique_key_bytes
 
 __all__ = [
     "COMMON_DURATIONS",
@@ -78,6 +82,7 @@ __all__ = [
     "durations",
     "fixed_offsets",
     "incomplete_unique_states",
+    "ref_values",
     "storable_floats",
     "storable_text",
     "unique_key",
@@ -171,6 +176,8 @@ def values_for_type(tp: Any, *, include_unstorable: bool = False) -> st.SearchSt
 
     origin = typing.get_origin(tp)
     params = typing.get_args(tp)
+    if is_ref_type(tp):
+        return ref_values(tp)
     if tp is None or tp is types.NoneType:
         return st.none()
     if origin is typing.Union or origin is types.UnionType:
@@ -191,6 +198,28 @@ def values_for_type(tp: Any, *, include_unstorable: bool = False) -> st.SearchSt
     if isinstance(tp, type):
         return _values_for_class(tp, include_unstorable=include_unstorable)
     raise TypeError(f"no strategy for the annotation {tp!r}")
+
+
+def ref_values(tp: Any) -> st.SearchStrategy[Ref[Any]]:
+    """References ``Ref(Model, pk)`` for the annotation ``Ref[Model]``, the key drawn from
+    the primary-key columns' Python types (the rows need not exist).
+
+    Raises:
+        TypeError: a bare ``Ref``, or a key column of a type with no strategy.
+    """
+    model = ref_model(tp)
+    if model is None:
+        raise TypeError("no strategy for a bare Ref; name its model: Ref[Invoice]")
+    columns = list(mapper_of(model).primary_key)
+    keys = []
+    for column in columns:
+        python_type = column.type.python_type
+        keys.append(
+            st.integers(min_value=1, max_value=2**31 - 1)
+            if python_type is int
+            else _values_for_class(python_type, include_unstorable=False)
+        )
+    return st.tuples(*keys).map(lambda pk: Ref(model, pk))
 
 
 def _values_for_class(cls: type, *, include_unstorable: bool) -> st.SearchStrategy[Any]:
@@ -469,7 +498,8 @@ def canonical_unique_key(
     keywords such as ``unique=``, ``queue=``, ``scheduled_at=``); the kind's declared
     defaults fill in the rest, as on insert. ``now`` is the insert time ``by_period``
     uses when no ``scheduled_at`` is given (default: the current time). Returns ``None``
-    when the job would not be unique. The format is described in :mod:`sa_jobs.keys`.
+    when the job would not be unique. The format is described in
+    :mod:`sa_jobs._declare.unique_sequence_keys`.
     """
     kind, args_json = encode_args(args)
     resolved = insert_opts(opts, options).resolve(kind.defaults)

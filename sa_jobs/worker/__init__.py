@@ -10,6 +10,7 @@ from __future__ import annotations
 from sa_jobs.worker.idle import IdleResult
 from sa_jobs.worker.maintenance.cleaner import Retention
 from sa_jobs.worker.maintenance.loop import MaintenanceConfig
+from sa_jobs.worker.maintenance.reindexer import ReindexSettings
 from sa_jobs.worker.retry import ExponentialRetry, RetryPolicy
 from sa_jobs.worker.worker import Worker
 
@@ -17,6 +18,7 @@ __all__ = [
     "ExponentialRetry",
     "IdleResult",
     "MaintenanceConfig",
+    "ReindexSettings",
     "Retention",
     "RetryPolicy",
     "Worker",

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import URL
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from sa_jobs.error_records import describe
+from sa_jobs._base.error_records import describe
 from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.worker.engines import WorkerEngines, async_identity, database_identity
 

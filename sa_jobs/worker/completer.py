@@ -19,7 +19,7 @@ another's:
 The batched strategy writes an outcome at once when it has been idle, and while busy
 collects outcomes until ``interval`` seconds after its previous write (at most
 ``max_batch`` of them), writing each batch with one statement
-(:func:`~sa_jobs.complete.finish_in`): a batch of plain completions, the common case, as
+(:func:`~sa_jobs._act.complete.finish_in`): a batch of plain completions, the common case, as
 two arrays of ids and runs; any other batch as one JSON document.
 """
 
@@ -35,11 +35,13 @@ from typing import Any, Protocol
 
 from sqlalchemy import Engine
 
-from sa_jobs.complete import Ending, Outcome, finish_in
-from sa_jobs.error_records import describe, message_record
-from sa_jobs.models import Job
-from sa_jobs.schema import Features
-from sa_jobs.worker.backoff import autocommit, is_transient
+from sa_jobs._act.complete import finish_in, finish_steps_in, one_statement_for_steps
+from sa_jobs._base.error_records import describe, message_record
+from sa_jobs._base.records import Ending, Outcome
+from sa_jobs._table.models import Job
+from sa_jobs._table.schema import Features
+from sa_jobs.worker.db_access import autocommit, is_transient
+from sa_jobs.worker.outage import OutageLog
 from sa_jobs.worker.service import Backoff, Service
 
 __all__ = ["BatchCompleter", "Completer", "InlineCompleter", "OutcomeWriter"]
@@ -75,11 +77,27 @@ def write_outcomes(engine: Engine, outcomes: Sequence[Outcome], features: Featur
     """Write outcomes (and move their sequences on).
 
     Without sequenced jobs it is one statement, sent in autocommit mode (one round trip
-    instead of three). Sequenced jobs need a transaction: their locks must hold until the
-    next job of each sequence is promoted.
+    instead of three), when the batch holds no workflow step or only completions: then a
+    step's completion, the release of its dependents, its workflow's counters and the
+    callbacks of a workflow it finishes are that one statement
+    (:func:`~sa_jobs._act.complete.one_statement_for_steps`), atomic by construction.
+    Sequenced jobs need a transaction: their locks must hold until the next job of each
+    sequence is promoted. So does a batch in which a step may fail: the cascade to its
+    dependents is several statements that must commit together (a crash between them
+    would leave a dependent pending for good, or a workflow that never finishes).
     """
     sequenced = features.sequence and any(outcome.sequenced is not False for outcome in outcomes)
-    if not sequenced:
+    steps = features.workflow and any(outcome.in_workflow is not False for outcome in outcomes)
+    if steps and not sequenced and one_statement_for_steps(outcomes):
+        with autocommit(engine).connect() as connection:
+            changed, missed = finish_steps_in(connection, outcomes, features)
+        if not missed:
+            return len(changed)
+        # Stale runs (nothing to write) or steps updated since the statement began: in a
+        # transaction, whose statements each see what committed before them.
+        with engine.begin() as connection:
+            return len(changed) + len(finish_in(connection, missed, one_statement=False))
+    if not (sequenced or steps):
         with autocommit(engine).connect() as connection:
             return len(finish_in(connection, outcomes))
     with engine.begin() as connection:
@@ -119,6 +137,8 @@ class OutcomeWriter:
         self.stopping = threading.Event()
         #: Jobs whose outcomes were given up on (left to the rescuer), for the record.
         self.given_up = 0
+        #: Where transient failures are logged (the worker shares one).
+        self.outage = OutageLog()
 
     def write(self, batch: Sequence[Outcome]) -> None:
         """Write ``batch``; never raises, never retries forever."""
@@ -144,6 +164,7 @@ class OutcomeWriter:
         while True:
             try:
                 write_outcomes(self._engine, batch, self._features)
+                self.outage.succeeded()
                 return
             except Exception as exc:
                 if not is_transient(exc):
@@ -151,7 +172,8 @@ class OutcomeWriter:
                 wait = backoff.next_wait()
                 if self.stopping.is_set() or time.monotonic() + wait > deadline:
                     raise _GiveUp(describe(exc)) from exc
-                log.warning("writing outcomes failed (%s); retrying in %.1f s", describe(exc), wait)
+                failure = f"writing outcomes failed ({describe(exc)}); retrying in {wait:.1f} s"
+                self.outage.failed("outcomes", failure)
                 self.stopping.wait(wait)
 
     def _store_failure_instead(self, outcome: Outcome, exc: Exception) -> None:
@@ -172,6 +194,7 @@ class OutcomeWriter:
             delay=delay if delay is not None else FALLBACK_RETRY_DELAY,
             error=message_record(attempt, reason),
             sequenced=outcome.sequenced,
+            in_workflow=outcome.in_workflow,
         )
         try:
             self._with_retries([failure])

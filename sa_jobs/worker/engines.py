@@ -31,8 +31,8 @@ from typing import Any
 from sqlalchemy import URL, Connection, Engine, create_engine, func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
+from sa_jobs._base.urls import ASYNC_FORMS, SYNC_FORMS, in_driver, require_postgresql
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.urls import ASYNC_FORMS, SYNC_FORMS, in_driver, require_postgresql
 
 __all__ = [
     "WorkerEngines",

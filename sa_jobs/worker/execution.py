@@ -3,52 +3,60 @@
 An :class:`Execution` is one run of one job. Exactly one party *settles* it — the
 thread or task that ran the handler, or the watchdog when a timeout's grace period ran
 out — decided by :meth:`Execution.try_finish`, so a late result from a run that was
-already settled is dropped here, and the ``(id, attempt)`` guard in
-:func:`sa_jobs.complete.jobs_finish` drops it again in the database.
+already settled is dropped here, and the statement that writes outcomes drops it again
+in the database: it changes only a row still ``running`` with that run's ``run_count``
+(:func:`sa_jobs._act.complete.finish_statement`).
 
 The run's timeout starts when its handler starts (:meth:`Execution.begin`), never while
 it waits for a thread, so a job is never failed for a timeout it did not run into.
 
-Sync handlers run in a thread pool and learn of an interruption through
+Running the handler itself is :mod:`.handler_runs`. Sync handlers run in a thread pool
+and learn of an interruption through
 ``job.cancelled`` / ``job.check_cancelled()``. Async handlers run on the worker's event
 loop and are cancelled for real (``Task.cancel``).
 
 Whatever a handler raises, an outcome is made: :meth:`Execution.outcome_for_exception`
-never raises, and every error record it makes is storable (:mod:`sa_jobs.error_records`).
+never raises, and every error record it makes is storable (:mod:`sa_jobs._base.error_records`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
-import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sqlalchemy import Engine
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
-from sqlalchemy.orm import Session
+import attrs
 
-from sa_jobs.complete import Ending, Outcome, complete_in
-from sa_jobs.error_records import describe, error_record, message_record
+from sa_jobs._base.error_records import describe, error_record, message_record
+from sa_jobs._base.records import Ending, Outcome
+from sa_jobs._declare.output import encode_output
+from sa_jobs._table.models import Job
+from sa_jobs._table.schema import OUTPUT_BRANCH
 from sa_jobs.errors import (
+    InvalidOutputError,
     JobCancel,
     JobCancelledError,
+    JobDiscard,
     JobInterruptedError,
     JobSnooze,
+    JobStateError,
     JobTimeoutError,
-    NoHandlerError,
+    SchemaMissingError,
     WorkerShutdownError,
 )
 from sa_jobs.hooks import AttemptResult, WorkHooks
-from sa_jobs.models import Job
 from sa_jobs.worker.handlers import Handler
+from sa_jobs.worker.missing_rows import (
+    UNCHECKED,
+    Verdict,
+)
 from sa_jobs.worker.retry import RetryPolicy, retry_delay
 
-__all__ = ["Execution", "Interrupt", "prepare", "run_async", "run_sync"]
+__all__ = ["Execution", "Interrupt", "OutputSettings"]
 
 log = logging.getLogger("sa_jobs.worker")
 
@@ -65,6 +73,43 @@ class Interrupt(enum.Enum):
 #: whether the party settling it is the one that ran the handler.
 Settle = Callable[["Execution", Outcome | None, bool], None]
 
+#: Writes a run's output at once (``job.record_output``); False when the run is over.
+Recorder = Callable[[Job[Any], Any], bool]
+#: The same, for ``await job.record_output_async`` (on the worker's async engine).
+AsyncRecorder = Callable[[Job[Any], Any], Awaitable[bool]]
+
+
+@attrs.frozen
+class OutputSettings:
+    """How a worker treats its handlers' return values.
+
+    Attributes:
+        stored: The database has the ``sa_jobs_output`` branch. Without it, return values
+            are dropped (with a warning): a worker refuses to start with a kind that
+            declares ``output=`` there, so these are untyped values a handler written
+            before outputs existed may return.
+        max_bytes: The worker's cap on an output's encoded JSON; None: 1 MiB. A kind's
+            own ``max_output_bytes`` wins.
+        recorder: Writes ``job.record_output`` values; None where nothing can (the
+            method then raises).
+        reader: Reads ``job.output_of(step)`` (:mod:`sa_jobs._act.workflow_outputs`); None
+            where nothing can.
+        async_recorder, async_reader: The same for ``record_output_async`` and
+            ``output_of_async``, awaited on the handler's event loop; None where there is
+            none (the sync forms then run in a thread, off the loop).
+    """
+
+    stored: bool = True
+    max_bytes: int | None = None
+    recorder: Recorder | None = None
+    reader: Callable[[Job[Any], str], Any] | None = None
+    async_recorder: AsyncRecorder | None = None
+    async_reader: Callable[[Job[Any], str], Awaitable[Any]] | None = None
+
+
+_DEFAULT_OUTPUTS = OutputSettings()
+_warned_dropped: set[str] = set()
+
 
 class Execution:
     """One run of one job."""
@@ -77,8 +122,10 @@ class Execution:
         settle: Settle,
         on_begin: Callable[[Execution], None] = lambda _execution: None,
         hooks: WorkHooks | None = None,
+        outputs: OutputSettings = _DEFAULT_OUTPUTS,
     ) -> None:
         self.job = job
+        self.outputs = outputs
         self.handler = handler
         self.retry_policy = retry_policy
         self._settle = settle
@@ -102,6 +149,9 @@ class Execution:
         self.stuck = False
         self.counted_stuck = False
         self.slot_held = False
+        #: The fetched batch's check of the rows the job references (worker.missing_rows):
+        #: UNCHECKED when it did not cover the job, which is then checked alone.
+        self.rows_verdict: Verdict | object = UNCHECKED
         job.extras.execution = self
 
     @property
@@ -179,13 +229,106 @@ class Execution:
         self.settled_with = outcome
         self._settle(self, outcome, by_runner)
 
+    # -- outputs
+
+    def encode_result(self, result: object) -> Any:
+        """The JSON to store for the handler's return value ``result``; None for none.
+
+        Raises:
+            InvalidOutputError: it cannot be stored (the attempt fails).
+        """
+        if result is None:
+            return None
+        if not self.outputs.stored:
+            kind = self.job.kind
+            if kind not in _warned_dropped:
+                _warned_dropped.add(kind)
+                log.warning(
+                    "the handler of kind %r returned a value, which is not stored: the "
+                    "sa_jobs 'sa_jobs_output' migration branch is not installed (run "
+                    "`sa-jobs migrate`)",
+                    kind,
+                )
+            return None
+        return encode_output(self.job.job_kind, result, self.outputs.max_bytes)
+
+    def record_output(self, value: object) -> None:
+        """``job.record_output(value)``: store it now, guarded by this run."""
+        recorder = self.outputs.recorder
+        data = self._output_to_record(value, recorder)
+        if data is not None:
+            assert recorder is not None
+            self._check_recorded(self._finishing or not recorder(self.job, data))
+
+    async def record_output_async(self, value: object) -> None:
+        """``await job.record_output_async(value)``: the same, off the event loop."""
+        data = self._output_to_record(value, self.outputs.recorder)
+        if data is None:
+            return
+        recorder = self.outputs.async_recorder
+        if recorder is not None:
+            written = await recorder(self.job, data)
+        else:
+            assert self.outputs.recorder is not None
+            written = await asyncio.to_thread(self.outputs.recorder, self.job, data)
+        self._check_recorded(self._finishing or not written)
+
+    def _output_to_record(self, value: object, recorder: Recorder | None) -> Any:
+        job = self.job
+        if recorder is None:
+            raise JobStateError(
+                job.id, "run where outputs cannot be recorded", "record the output of", []
+            )
+        if not self.outputs.stored:
+            raise SchemaMissingError(OUTPUT_BRANCH, "job.record_output() stores it there")
+        return encode_output(job.job_kind, value, self.outputs.max_bytes)
+
+    def _check_recorded(self, too_late: bool) -> None:
+        job = self.job
+        if too_late:
+            raise JobStateError(
+                job.id,
+                f"no longer running its run {job.run_count}",
+                "record the output of",
+                [f"running run {job.run_count}"],
+            )
+
+    def output_of(self, step: str) -> Any:
+        """``job.output_of(step)``: read through the worker's reader."""
+        return self._reader()(self.job, step)
+
+    async def output_of_async(self, step: str) -> Any:
+        """``await job.output_of_async(step)``: the same, off the event loop."""
+        reader = self._reader()
+        if self.outputs.async_reader is not None:
+            return await self.outputs.async_reader(self.job, step)
+        return await asyncio.to_thread(reader, self.job, step)
+
+    def _reader(self) -> Callable[[Job[Any], str], Any]:
+        reader = self.outputs.reader
+        if reader is None:
+            raise JobStateError(
+                self.job.id, "run where outputs cannot be read", "read a step's output for", []
+            )
+        return reader
+
     # -- outcomes (none of these raise)
 
-    def outcome_for_return(self) -> Outcome:
+    def outcome_for_return(self, result: object = None) -> Outcome:
+        """The outcome of a handler that returned ``result`` (its output)."""
         if self._interrupt is Interrupt.TIMEOUT:
             # A timed-out attempt is a failure even if the handler finished late.
             return self.outcome_for_interrupt(Interrupt.TIMEOUT)
-        return Outcome.completed(self.job)
+        if result is None:
+            return Outcome.completed(self.job)
+        try:
+            data = self.encode_result(result)
+        except InvalidOutputError as exc:
+            self.raised = exc
+            return self._failure(exc, with_trace=False)
+        except Exception as exc:  # a converter hook's own error: still a failed attempt
+            return self.outcome_for_exception(exc)
+        return Outcome.of(self.job, Ending.COMPLETED, output=data)
 
     def outcome_for_interrupt(self, reason: Interrupt, *, abandoned: bool = False) -> Outcome:
         """The outcome of a run stopped for ``reason``; ``abandoned`` when the handler did
@@ -226,6 +369,10 @@ class Execution:
         if isinstance(exc, JobCancel):
             return Outcome.of(
                 job, Ending.CANCELLED, error=error_record(job.attempt, exc, with_trace=False)
+            )
+        if isinstance(exc, JobDiscard):
+            return Outcome.of(
+                job, Ending.DISCARDED, error=error_record(job.attempt, exc, with_trace=False)
             )
         return self._failure(exc)
 
@@ -283,121 +430,3 @@ class _Unsettled(enum.Enum):
 
 
 UNSETTLED = _Unsettled.UNSETTLED
-
-
-class _Superseded(Exception):
-    """The run was settled by someone else (a timeout) before it could commit."""
-
-
-def prepare(execution: Execution) -> Handler:
-    """The handler of the run, with the job's args decoded up front, so a class that no
-    longer fits fails like any error. Public for ``sa_jobs.testing.inline``, which runs
-    handlers the same way.
-
-    Raises:
-        NoHandlerError: no handler for the job's kind.
-    """
-    handler = execution.handler
-    job = execution.job
-    if handler is None:
-        raise NoHandlerError(job.kind)
-    job.extras.kind = handler.kind
-    job.remember_args(handler.kind.decode(job.args_json))
-    return handler
-
-
-def run_sync(execution: Execution, engine: Engine) -> None:
-    """Run a sync handler in the calling (pool) thread and settle the execution."""
-    hooks = execution.hooks
-    if hooks is None:
-        _run_sync(execution, engine)
-        return
-    try:
-        _run_sync(execution, engine)
-    finally:
-        if execution.started is not None:  # begin() ran the before_work hooks
-            hooks.after(execution.job, execution.attempt_result())
-
-
-def _run_sync(execution: Execution, engine: Engine) -> None:
-    if not execution.begin():
-        return
-    claimed = False
-    try:
-        handler = prepare(execution)
-        if handler.wants_session:
-            with Session(engine) as session, session.begin():
-                _sync_result(handler.function(execution.job, session))
-                claimed = execution.try_finish()
-                if not claimed:
-                    raise _Superseded
-                if execution.interrupt_reason is Interrupt.TIMEOUT:
-                    raise JobTimeoutError(execution.job.id)
-                complete_in(session, execution.job)
-            execution.settle(None)
-            return
-        _sync_result(handler.function(execution.job))
-        outcome = execution.outcome_for_return()
-    except _Superseded:
-        return
-    except BaseException as exc:  # the handler's failure is data, not a crash
-        outcome = execution.outcome_for_exception(exc)
-    if claimed or execution.try_finish():
-        execution.settle(outcome)
-
-
-def _sync_result(result: object) -> None:
-    """A sync handler that returns an awaitable (a plain wrapper around an ``async def``)
-    did not do its work: calling it only made a coroutine. Fail the attempt, loudly,
-    rather than complete a job whose handler never ran."""
-    if inspect.isawaitable(result):
-        if inspect.iscoroutine(result):
-            result.close()  # never awaited, on purpose: no "never awaited" warning
-        raise TypeError(
-            "the handler returned an awaitable instead of doing its work; declare the "
-            "handler itself `async def` (a sync wrapper around an async function hides it)"
-        )
-
-
-async def run_async(execution: Execution, async_engine: Callable[[], AsyncEngine]) -> None:
-    """Run an async handler as a task on the worker's loop and settle the execution."""
-    hooks = execution.hooks
-    if hooks is None:
-        await _run_async(execution, async_engine)
-        return
-    try:
-        await _run_async(execution, async_engine)
-    finally:
-        if execution.started is not None:  # begin() ran the before_work hooks
-            hooks.after(execution.job, execution.attempt_result())
-
-
-async def _run_async(execution: Execution, async_engine: Callable[[], AsyncEngine]) -> None:
-    task = asyncio.current_task()
-    assert task is not None
-    if not execution.begin():
-        return
-    claimed = False
-    try:
-        if not execution.attach_task(task, asyncio.get_running_loop()):
-            execution.raise_if_interrupted()
-        handler = prepare(execution)
-        if handler.wants_session:
-            async with AsyncSession(async_engine()) as session, session.begin():
-                await handler.function(execution.job, session)
-                claimed = execution.try_finish()
-                if not claimed:
-                    raise _Superseded
-                if execution.interrupt_reason is Interrupt.TIMEOUT:
-                    raise JobTimeoutError(execution.job.id)
-                await complete_in(session, execution.job)
-            execution.settle(None)
-            return
-        await handler.function(execution.job)
-        outcome = execution.outcome_for_return()
-    except _Superseded:
-        return
-    except BaseException as exc:
-        outcome = execution.outcome_for_exception(exc)
-    if claimed or execution.try_finish():
-        execution.settle(outcome)

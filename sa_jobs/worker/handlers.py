@@ -25,11 +25,11 @@ import attrs
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
-from sa_jobs.args import JobKind, kind_of
+from sa_jobs._declare.args import JobKind, kind_of
+from sa_jobs._declare.option_checks import check_timeout
+from sa_jobs._declare.options import UNSET
+from sa_jobs._table.models import Job
 from sa_jobs.errors import DuplicateHandlerError, InvalidOptionsError, NoHandlerError
-from sa_jobs.models import Job
-from sa_jobs.option_checks import check_timeout
-from sa_jobs.options import UNSET
 from sa_jobs.worker.retry import RetryPolicy
 
 __all__ = ["Handler", "HandlerRegistry"]

@@ -35,11 +35,12 @@ import datetime as dt
 import functools
 import zlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
 from sqlalchemy import (
+    Connection,
     DateTime,
     Engine,
     Integer,
@@ -60,14 +61,14 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.dml import ReturningUpdate
 
-from sa_jobs.limit_tables import RateWindow
-from sa_jobs.limits import ConcurrencyLimit, Limit, LimitScope, RateLimit
-from sa_jobs.models import Job
-from sa_jobs.schema import Features
-from sa_jobs.states import JobState
+from sa_jobs._base.states import JobState
+from sa_jobs._declare.limits import ConcurrencyLimit, Limit, LimitScope, RateLimit
+from sa_jobs._table.job_loading import detached_job_builder
+from sa_jobs._table.limit_tables import RateWindow
+from sa_jobs._table.models import Job, state_is
+from sa_jobs._table.schema import Features
 from sa_jobs.worker.producer import (
     FETCH_ORDER,
-    as_jobs,
     due_in_queue,
     fetched_columns,
     in_start_order,
@@ -77,6 +78,7 @@ from sa_jobs.worker.producer import (
 __all__ = [
     "LOCK_CLASS",
     "WINDOWS_PER_PERIOD",
+    "Allowance",
     "QueueLimits",
     "ScopeRule",
     "count_starts",
@@ -85,6 +87,8 @@ __all__ = [
     "limits_usage",
     "lock_scopes",
     "plan_limits",
+    "record_starts",
+    "window_of",
 ]
 
 #: The first half of every limit lock, ``pg_advisory_xact_lock(LOCK_CLASS, n)`` (the
@@ -105,12 +109,20 @@ class ScopeRule:
     max_running: int | None = None
     max_starts: int | None = None
     per: dt.timedelta | None = None
+    #: The limits count per partition key (``by_args``): :mod:`.keyed_fetch` counts them.
+    by_key: bool = False
+
+    @property
+    def key(self) -> str:
+        """What the rule's lock and rate windows are named by: the scope's key, and
+        ``#key`` for a rule by key (a lock of its own: per limit, counted per key)."""
+        return f"{self.scope.key}#key" if self.by_key else self.scope.key
 
     @property
     def lock_number(self) -> int:
         """The second half of the scope's advisory lock: a stable hash of its key (two
         scopes sharing one only wait for each other more than they need to)."""
-        return int.from_bytes(zlib.crc32(self.scope.key.encode()).to_bytes(4), signed=True)
+        return int.from_bytes(zlib.crc32(self.key.encode()).to_bytes(4), signed=True)
 
     def allowance(self, running: int, starts: int) -> int:
         """How many more jobs of the scope may start now."""
@@ -132,24 +144,32 @@ class QueueLimits:
 
     @property
     def rated(self) -> tuple[ScopeRule, ...]:
-        return tuple(rule for rule in self.rules if rule.max_starts is not None)
+        return tuple(rule for rule in self.rules if rule.max_starts is not None and not rule.by_key)
+
+    @property
+    def keyed(self) -> tuple[ScopeRule, ...]:
+        """The rules by partition key (each counted per key, :mod:`.keyed_fetch`)."""
+        return tuple(rule for rule in self.rules if rule.by_key)
 
 
 def plan_limits(limits: Iterable[Limit], queues: Iterable[str]) -> dict[str, QueueLimits]:
     """The limits each queue's fetch enforces; a queue left out is fetched as usual."""
-    by_scope: dict[LimitScope, dict[str, Any]] = {}
+    by_scope: dict[tuple[LimitScope, bool], dict[str, Any]] = {}
     for limit in limits:
-        values = by_scope.setdefault(limit.scope, {})
+        by_key = limit.key_spec is not None
+        values = by_scope.setdefault((limit.scope, by_key), {})
         if isinstance(limit, ConcurrencyLimit):
             values["max_running"] = limit.max_running
         elif isinstance(limit, RateLimit):
             values.update(max_starts=limit.max_starts, per=limit.per)
-    rules = [ScopeRule(scope, **values) for scope, values in by_scope.items()]
+    rules = [
+        ScopeRule(scope, **values, by_key=by_key) for (scope, by_key), values in by_scope.items()
+    ]
     plans = {}
     for queue in queues:
         mine = [r for r in rules if r.scope.by == "kind" or r.scope.name == queue]
         if mine:
-            mine.sort(key=lambda rule: (rule.lock_number, rule.scope.key))
+            mine.sort(key=lambda rule: (rule.lock_number, rule.key))
             plans[queue] = QueueLimits(queue, tuple(mine))
     return plans
 
@@ -157,7 +177,7 @@ def plan_limits(limits: Iterable[Limit], queues: Iterable[str]) -> dict[str, Que
 @functools.cache
 def lock_scopes(limits: QueueLimits) -> Select[Any]:
     """Take the advisory lock of every scope of ``limits``, in their order (the count of
-    an ordered subquery, as :mod:`sa_jobs.sequence` takes its locks)."""
+    an ordered subquery, as :mod:`sa_jobs._insert.sequence` takes its locks)."""
     numbers = sorted({rule.lock_number for rule in limits.rules})
     unnested = func.unnest(bindparam("lock_numbers", numbers, ARRAY(Integer)))
     number = unnested.table_valued("n").render_derived(name="lock_numbers")
@@ -173,13 +193,15 @@ def limits_usage(limits: QueueLimits) -> Select[Any]:
     at = func.statement_timestamp()
     columns: list[Any] = [at.label("at")]
     for i, rule in enumerate(limits.rules):
+        if rule.by_key:
+            continue  # counted per key (keyed_fetch.key_usage)
         if rule.max_running is not None:
             grouped = Job.queue if rule.scope.by == "queue" else Job.kind
             running = (
                 select(func.count())
                 .select_from(Job)
                 .where(
-                    Job.state == JobState.RUNNING,
+                    state_is(Job.state, JobState.RUNNING),
                     grouped == bindparam(f"scope_{i}", rule.scope.name, Text),
                 )
             )
@@ -243,17 +265,21 @@ def jobs_fetch_limited(features: Features) -> ReturningUpdate[Any]:
 
 
 @functools.cache
-def _fetch_limited_as_jobs(features: Features) -> Any:
-    return as_jobs(jobs_fetch_limited(features), features)
+def _job_builder(features: Features) -> Callable[[Sequence[Any]], Job[Any]]:
+    # The plain fetch's builder for the same returned columns (fetched_columns): detached
+    # Jobs straight from Core rows, with sequence_key / workflow_id loaded as there.
+    return detached_job_builder(fetched_columns(features))
 
 
-class _Allowance:
+class Allowance:
     """How many jobs a fetch may still take: of the queue, and of each limited kind."""
 
     def __init__(self, limits: QueueLimits, usage: RowMapping, free: int) -> None:
         self.total = free
         self.kinds: dict[str, int] = {}
         for i, rule in enumerate(limits.rules):
+            if rule.by_key:
+                continue  # a cap per key, in the keyed fetch
             allowed = rule.allowance(usage.get(f"running_{i}", 0), usage.get(f"starts_{i}", 0))
             if rule.scope.by == "queue":
                 self.total = min(self.total, allowed)
@@ -281,7 +307,7 @@ class _Allowance:
         return ran_out
 
 
-def _window_of(at: dt.datetime, per: dt.timedelta) -> tuple[dt.datetime, dt.datetime]:
+def window_of(at: dt.datetime, per: dt.timedelta) -> tuple[dt.datetime, dt.datetime]:
     """The window of a ``per``-long rate period that ``at`` falls in: its start and end."""
     width = max(1, (per // WINDOWS_PER_PERIOD) // _MICROSECOND)
     micros = (at - _EPOCH) // _MICROSECOND
@@ -289,8 +315,8 @@ def _window_of(at: dt.datetime, per: dt.timedelta) -> tuple[dt.datetime, dt.date
     return start, start + width * _MICROSECOND
 
 
-def _record_starts(
-    session: Session, limits: QueueLimits, at: dt.datetime, jobs: list[Job[Any]]
+def record_starts(
+    session: Connection | Session, limits: QueueLimits, at: dt.datetime, jobs: list[Job[Any]]
 ) -> None:
     """Count ``jobs`` in the rate windows of ``limits``' rate-limited scopes, and delete
     the windows no period reaches any more. Runs under the scopes' locks."""
@@ -300,7 +326,7 @@ def _record_starts(
         assert rule.per is not None
         started = len(jobs) if rule.scope.by == "queue" else kinds[rule.scope.name]
         if started:
-            start, end = _window_of(at, rule.per)
+            start, end = window_of(at, rule.per)
             rows.append(
                 {
                     "scope": rule.scope.key,
@@ -341,12 +367,17 @@ def fetch_limited(
     engine: Engine, limits: QueueLimits, free: int, worker_id: str, *, features: Features
 ) -> list[Job[Any]]:
     """Fetch up to ``free`` jobs of ``limits.queue``, no more than its limits allow now;
-    in the order they should start. See the module's docstring for why it is sound."""
-    with Session(engine, expire_on_commit=False) as session, session.begin():
-        session.execute(lock_scopes(limits))
-        usage = session.execute(limits_usage(limits)).one()._mapping
+    in the order they should start. See the module's docstring for why it is sound.
+
+    Core all the way, as the plain fetch (:func:`~sa_jobs.worker.producer.fetch_jobs`):
+    a connection's transaction and :func:`detached_job_builder`, not a Session and the
+    ORM loader, which cost a no-op job about half its worker CPU (issue 28)."""
+    build = _job_builder(features)
+    with engine.begin() as connection:
+        connection.execute(lock_scopes(limits))
+        usage = connection.execute(limits_usage(limits)).one()._mapping
         at: dt.datetime = usage["at"]
-        allowance = _Allowance(limits, usage, free)
+        allowance = Allowance(limits, usage, free)
         fetched: list[Job[Any]] = []
         while allowance.total > 0:
             params = {
@@ -355,9 +386,10 @@ def fetch_limited(
                 "fetch_worker_id": worker_id,
                 "fetch_at": at,
             }
-            jobs = list(session.scalars(_fetch_limited_as_jobs(features), params))
+            rows = connection.execute(jobs_fetch_limited(features), params).all()
+            jobs = [build(row) for row in rows]
             fetched += jobs
             if not allowance.take(jobs):
                 break  # no kind was cut short: the queue has nothing more to give
-        _record_starts(session, limits, at, fetched)
+        record_starts(connection, limits, at, fetched)
     return in_start_order(fetched)

@@ -45,11 +45,11 @@ from sqlalchemy.pool import NullPool
 if TYPE_CHECKING:
     import psycopg
 
-from sa_jobs.error_records import describe
+from sa_jobs._base.error_records import describe
+from sa_jobs._base.urls import SYNC_FORMS, in_driver, servers
+from sa_jobs._table.schema import CONTROL_CHANNEL, INSERT_CHANNEL
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.schema import CONTROL_CHANNEL, INSERT_CHANNEL
-from sa_jobs.urls import SYNC_FORMS, in_driver
-from sa_jobs.worker.backoff import is_transient
+from sa_jobs.worker.db_access import is_transient
 from sa_jobs.worker.engines import database_identity
 from sa_jobs.worker.service import Backoff, Service
 
@@ -154,9 +154,7 @@ def _check_driver(engine: Engine) -> None:
 
 def where(engine: Engine) -> str:
     """``host:port/database`` of an engine, for the log."""
-    url = engine.url
-    host = url.host or url.query.get("host") or "localhost"
-    return f"{host}:{url.port or 5432}/{url.database}"
+    return f"{servers(engine.url)}/{engine.url.database}"
 
 
 def check_same_database(listen: Engine, engine: Engine) -> None:
@@ -376,6 +374,7 @@ class Notifier(Service):
                 return
             try:
                 self._backoff.reset()
+                self.outage.succeeded()
                 self.connected.set()
                 level = logging.DEBUG if self._said_listening else logging.INFO
                 self._said_listening = True
@@ -405,8 +404,10 @@ class Notifier(Service):
         transient = is_transient(exc) or (
             driver_error is not None and isinstance(exc, driver_error)
         )
-        level = logging.WARNING if transient else logging.ERROR
-        log.log(level, "%s (%s); reconnecting", what, describe(exc))
+        if transient:
+            self.outage.failed("listen", f"{what} ({describe(exc)}); reconnecting")
+        else:
+            log.error("%s (%s); reconnecting", what, describe(exc))
 
     def _dispatch(self, channel: str, payload: str) -> None:
         if channel == INSERT_CHANNEL:

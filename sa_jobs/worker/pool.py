@@ -15,7 +15,9 @@ cancelled or given back — but its thread stays inside the handler. The policy:
 * **Stuck threads are reported**: a warning names the job and the thread, the job's
   error says its handler was abandoned, and :attr:`HandlerThreads.stuck` /
   :attr:`HandlerThreads.stuck_total` count them. When the thread returns, it is logged,
-  counted out, and goes back to work.
+  counted out, and goes back to work. :attr:`HandlerThreads.limit_reached` says the cap
+  is reached; the heartbeat row carries the figures (``sa-jobs health``, the metrics),
+  and ``sa-jobs work --processes N --replace-stuck`` replaces such a process.
 
 Threads are daemons, unlike ``concurrent.futures.ThreadPoolExecutor``'s: a stuck handler
 must not keep a stopped worker process alive. Its run was settled already, so
@@ -64,6 +66,26 @@ class HandlerThreads:
         self.stuck = 0
         #: Every thread that ever got stuck.
         self.stuck_total = 0
+        #: Stuck threads past the cap: their slots stay taken until they return.
+        self.held = 0
+
+    @property
+    def stuck_now(self) -> int:
+        """Threads stuck in a handler now, whether their slot was freed or not."""
+        with self._lock:
+            return self.stuck + self.held
+
+    @property
+    def limit_reached(self) -> bool:
+        """``stuck_limit`` threads are stuck: the next stuck run keeps its slot for good
+        (or one already does) — the worker fetches less and less until it restarts."""
+        with self._lock:
+            stuck = self.stuck + self.held
+        return stuck > 0 and stuck >= self.stuck_limit
+
+    def stuck_figures(self) -> tuple[int, int]:
+        """``(threads stuck now, stuck_limit)``, for the heartbeat row."""
+        return self.stuck_now, self.stuck_limit
 
     @property
     def size(self) -> int:
@@ -113,6 +135,7 @@ class HandlerThreads:
                     release = True
                 else:
                     execution.slot_held = True
+                    self.held += 1
                     release = False
         if execution.stuck:
             log.warning(
@@ -156,6 +179,8 @@ class HandlerThreads:
                 return
             if execution.counted_stuck:
                 self.stuck -= 1
+            if execution.slot_held:
+                self.held -= 1
             release = execution.slot_held
         started = execution.started if execution.started is not None else time.monotonic()
         log.info(

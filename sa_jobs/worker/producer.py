@@ -27,23 +27,21 @@ from sqlalchemy import (
     text,
     update,
 )
-from sqlalchemy.orm import undefer
 from sqlalchemy.sql.dml import ReturningUpdate
 from sqlalchemy.sql.expression import ColumnElement
 
-from sa_jobs.error_records import describe
-from sa_jobs.job_loading import detached_job_builder
-from sa_jobs.models import CORE_COLUMNS, Job
-from sa_jobs.queues import queue_not_paused
-from sa_jobs.schema import NO_FEATURES, Features
-from sa_jobs.states import JobState
-from sa_jobs.worker.backoff import is_transient
+from sa_jobs._act.queues import queue_not_paused
+from sa_jobs._base.error_records import describe
+from sa_jobs._base.states import JobState
+from sa_jobs._table.job_loading import detached_job_builder
+from sa_jobs._table.models import CORE_COLUMNS, Job, entering, state_is
+from sa_jobs._table.schema import NO_FEATURES, Features
+from sa_jobs.worker.db_access import is_transient
 from sa_jobs.worker.service import Backoff, Service
 
 __all__ = [
     "FETCH_ORDER",
     "Producer",
-    "as_jobs",
     "due_in_queue",
     "fetch_jobs",
     "fetched_columns",
@@ -57,6 +55,12 @@ log = logging.getLogger("sa_jobs.worker")
 #: How long a busy producer lets slots accumulate before fetching again (River has a
 #: cooldown too); short enough not to matter for latency, long enough to batch.
 FETCH_COOLDOWN = 0.002
+#: The most jobs one fetch takes, and so the most one hand-off wakes. A fetch of 100 is
+#: already one round trip per 100 jobs; past that, a bigger batch saves nothing and a
+#: bigger burst costs: hundreds of handler threads woken at once queue up for the GIL,
+#: the producer and the completer behind them (issue 28: at 500 slots, fetching 250 at a
+#: time, a no-op drain ran at a third of the 200-slot rate).
+FETCH_BATCH_MAX = 100
 
 
 def due_in_queue(features: Features) -> list[ColumnElement[bool]]:
@@ -64,7 +68,11 @@ def due_in_queue(features: Features) -> list[ColumnElement[bool]]:
     a queue that is not paused (with the queue branch). The one place that says so: the
     limited fetch (:mod:`.limited_fetch`) takes from the same rows."""
     queue = bindparam("fetch_queue", type_=Text)
-    due = [Job.state == JobState.AVAILABLE, Job.queue == queue, Job.scheduled_at <= func.now()]
+    due = [
+        state_is(Job.state, JobState.AVAILABLE),
+        Job.queue == queue,
+        Job.scheduled_at <= func.now(),
+    ]
     if features.queue:
         due.append(queue_not_paused(queue))
     return due
@@ -77,7 +85,7 @@ FETCH_ORDER = (Job.priority, Job.scheduled_at, Job.id)
 def running_values(features: Features, attempted_at: ColumnElement[Any]) -> dict[str, Any]:
     """What a fetch writes into the jobs it takes (``:fetch_worker_id`` is bound)."""
     values: dict[str, Any] = {
-        "state": JobState.RUNNING,
+        **entering(JobState.RUNNING),
         "attempt": Job.attempt + 1,
         "run_count": Job.run_count + 1,
         "attempted_at": attempted_at,
@@ -92,8 +100,15 @@ def running_values(features: Features, attempted_at: ColumnElement[Any]) -> dict
 
 
 def fetched_columns(features: Features) -> tuple[Any, ...]:
-    """The columns a fetch returns (with the sequence branch, the jobs' ``sequence_key``)."""
-    return (*CORE_COLUMNS, Job.sequence_key) if features.sequence else CORE_COLUMNS
+    """The columns a fetch returns: with the sequence branch, the jobs' ``sequence_key``;
+    with the workflow branch, their ``workflow_id`` (the completer writes a step's
+    outcome in a transaction, and a plain job's in autocommit mode)."""
+    columns: tuple[Any, ...] = CORE_COLUMNS
+    if features.sequence:
+        columns = (*columns, Job.sequence_key)
+    if features.workflow:
+        columns = (*columns, Job.workflow_id)
+    return columns
 
 
 @functools.cache
@@ -106,7 +121,7 @@ def jobs_fetch_available(features: Features = NO_FEATURES) -> ReturningUpdate[An
     start (Faktory's ``unique_until: start``) give up their key here, for good. With the
     sequence branch, the jobs come back with their ``sequence_key``, so finishing a job
     that is not in a sequence can skip the sequence bookkeeping. With the queue branch, a
-    paused queue gives nothing (:func:`~sa_jobs.queues.queue_not_paused`).
+    paused queue gives nothing (:func:`~sa_jobs._act.queues.queue_not_paused`).
     """
     locked = (
         select(Job.id)
@@ -122,17 +137,6 @@ def jobs_fetch_available(features: Features = NO_FEATURES) -> ReturningUpdate[An
         .values(running_values(features, func.now()))
         .returning(*fetched_columns(features))
     )
-
-
-def as_jobs(statement: ReturningUpdate[Any], features: Features) -> Any:
-    """``statement``'s returned rows as :class:`Job` objects."""
-    loading = select(Job).from_statement(statement)
-    if features.sequence:
-        # sequence_key is deferred on Job; without this the ORM ignores the returned
-        # column, and the completer cannot tell an unsequenced job from an unloaded one
-        # (it would take the sequence locks and bookkeeping for every batch).
-        loading = loading.options(undefer(Job.sequence_key))
-    return loading
 
 
 @functools.cache
@@ -155,10 +159,10 @@ def fetch_jobs(
     The rows are marked running and loaded in one transaction, which commits only once
     every row has been loaded: if anything about a row cannot be read, nothing is marked
     running, rather than a batch being marked and never handed over. ``features``: the
-    database's (:meth:`~sa_jobs.schema.Features.of`) unless given.
+    database's (:meth:`~sa_jobs._table.schema.Features.of`) unless given.
 
     The rows are read with Core and built into detached ``Job`` objects directly
-    (:mod:`sa_jobs.job_loading`): the same objects a Session would leave behind, for a
+    (:mod:`sa_jobs._table.job_loading`): the same objects a Session would leave behind, for a
     fraction of the CPU.
     """
     params = {"fetch_queue": queue, "fetch_limit": limit, "fetch_worker_id": worker_id}
@@ -198,8 +202,9 @@ class Producer(Service):
         self._poll_interval = poll_interval
         self._lock = threading.Lock()
         self._free = concurrency
-        #: Free slots that make a busy producer fetch before its cooldown has passed.
-        self._half = max(1, concurrency // 2)
+        #: Free slots that make a busy producer fetch before its cooldown has passed:
+        #: half of them, or a full batch if that is fewer.
+        self._half = max(1, min(concurrency // 2, FETCH_BATCH_MAX))
         self._wake = threading.Event()
         # True once a fetch found nothing while no job was running; reset by any activity.
         self._drained = False
@@ -242,11 +247,25 @@ class Producer(Service):
             try:
                 self._fill_slots()
                 self._backoff.reset()
+                self.outage.succeeded()
             except Exception as exc:
-                level = logging.WARNING if is_transient(exc) else logging.ERROR
-                log.log(level, "fetching from queue %r failed: %s", self.queue, describe(exc))
-                self.stopping.wait(self._backoff.next_wait())
+                failure = f"fetching from queue {self.queue!r} failed: {describe(exc)}"
+                if is_transient(exc):
+                    self.outage.failed("fetch", failure)
+                else:
+                    log.error("%s", failure)
+                self._back_off()
             self.passed()
+
+    def _back_off(self) -> None:
+        """Wait out the backoff; a stop, or a wake (the end of an outage, see
+        :mod:`.outage`), cuts it short."""
+        deadline = time.monotonic() + self._backoff.next_wait()
+        while not self.stopping.is_set() and not self._wake.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._wake.wait(min(left, 0.05))
 
     def _await_half_free(self, deadline: float) -> int:
         """Wait until half the slots are free or ``deadline``; return the free slots."""
@@ -264,6 +283,9 @@ class Producer(Service):
         while not self.stopping.is_set():
             with self._lock:
                 free = self._free
+                # A fetch in flight is activity: run_until_idle must not take the queue
+                # for drained while the fetch may be taking a job.
+                self._drained = False
             if free == 0:
                 return
             if free < self._half:
@@ -272,6 +294,7 @@ class Producer(Service):
                 # has passed, whichever comes first. An idle queue never waits, and
                 # fast handlers are not held up by a fixed pause.
                 free = self._await_half_free(time.monotonic() + FETCH_COOLDOWN)
+            free = min(free, FETCH_BATCH_MAX)  # more slots free: the loop fetches again
             jobs = self._fetch(self.queue, free)
             with self._lock:
                 self._free -= len(jobs)

@@ -16,7 +16,7 @@ hears it once):
   only worth an INFO line.
 * **An unknown queue**: a queue of this worker that no handler's kind or periodic job of
   this worker defaults to, and that no job, worker or queue control names
-  (:func:`sa_jobs.queues.unknown_queues`) is probably a typo: a WARNING naming the
+  (:func:`sa_jobs._act.queues.unknown_queues`) is probably a typo: a WARNING naming the
   queues that are known. The worker still serves it — a new queue's first jobs may be
   inserted after its workers start (see ``docs/dev/decisions.md``).
 
@@ -31,16 +31,24 @@ from collections.abc import Iterable, Mapping
 from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.exc import DBAPIError
 
+from sa_jobs._act.queues import served_queues, unknown_queues
+from sa_jobs._declare.option_checks import check_queue
+from sa_jobs._declare.queue_config import Queue, concurrency_of
+from sa_jobs._inspect.job_counts import oldest_available
+from sa_jobs._table.schema import Features
+from sa_jobs._table.service_tables import JobQueue, WorkerProcess
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.job_counts import oldest_available
-from sa_jobs.models import JobQueue, WorkerProcess
-from sa_jobs.option_checks import check_queue
 from sa_jobs.periodic.definition import PeriodicJob
-from sa_jobs.queues import served_queues, unknown_queues
-from sa_jobs.schema import Features
 from sa_jobs.worker.handlers import Handler
 
-__all__ = ["DEFAULT_QUEUE", "QueueNotes", "check_worker_queues", "kind_queues", "serve_hint"]
+__all__ = [
+    "DEFAULT_QUEUE",
+    "QueueNotes",
+    "check_worker_queues",
+    "fair_queues",
+    "kind_queues",
+    "serve_hint",
+]
 
 log = logging.getLogger("sa_jobs.worker")
 
@@ -73,16 +81,22 @@ def check_worker_queues(queues: object) -> dict[str, int]:
             f"must map each queue to its concurrency (jobs of it at once), e.g. "
             f"queues={example!r}; got {queues!r}",
         )
-    checked = dict(queues)
+    checked = {name: concurrency_of(value) for name, value in queues.items()}
     if not checked:
         raise InvalidOptionsError("queues", "name at least one queue, e.g. {'default': 10}")
     for name, concurrency in checked.items():
         check_queue(name)
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise InvalidOptionsError(
-                "queues", f"concurrency of queue {name!r} must be a positive int"
+                "queues",
+                f"concurrency of queue {name!r} must be a positive int (or sa_jobs.Queue(n, ...))",
             )
     return checked
+
+
+def fair_queues(queues: Mapping[str, object]) -> dict[str, Queue]:
+    """The fair ones of ``Worker(queues=...)``: name -> its :class:`~sa_jobs.Queue`."""
+    return {name: q for name, q in queues.items() if isinstance(q, Queue) and q.fair}
 
 
 def kind_queues(handlers: Iterable[Handler]) -> dict[str, list[str]]:

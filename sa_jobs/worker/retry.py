@@ -10,7 +10,7 @@ per handler.
 Whatever a policy answers, :func:`retry_delay` turns it into a delay the database can
 store: a policy that raises, or answers something negative, NaN or not a duration, is
 logged and replaced by the default policy's answer; an answer longer than
-:data:`~sa_jobs.durations.MAX_DELAY` (365 days) is clamped to it.
+:data:`~sa_jobs._base.durations.MAX_DELAY` (365 days) is clamped to it.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any, Protocol
 
 import attrs
 
-from sa_jobs.durations import delay_seconds
-from sa_jobs.error_records import describe
-from sa_jobs.models import Job
+from sa_jobs._base.durations import delay_seconds
+from sa_jobs._base.error_records import describe
+from sa_jobs._table.models import Job
 
 __all__ = ["DEFAULT_RETRY_POLICY", "ExponentialRetry", "RetryPolicy", "retry_delay"]
 

@@ -19,23 +19,37 @@ from typing import Any, Literal, Protocol
 
 from sqlalchemy import Engine
 
-from sa_jobs.complete import Outcome
+from sa_jobs._act.complete import record_output_in
+from sa_jobs._act.workflow_outputs import read_step_output
+from sa_jobs._base.records import Outcome
+from sa_jobs._declare.limits import Limit, unhandled_kind_limits
+from sa_jobs._declare.queue_config import Queue
+from sa_jobs._table.models import Job
+from sa_jobs._table.schema import (
+    FAIRNESS_BRANCH,
+    LIMITS_BRANCH,
+    OUTPUT_BRANCH,
+    PERIODIC_BRANCH,
+    Features,
+)
 from sa_jobs.errors import SchemaMissingError
 from sa_jobs.hooks import WorkHook, WorkHooks
-from sa_jobs.limits import Limit, unhandled_kind_limits
-from sa_jobs.models import Job
 from sa_jobs.periodic.definition import PeriodicJob
-from sa_jobs.schema import LIMITS_BRANCH, PERIODIC_BRANCH, Features
 from sa_jobs.worker.aio import EventLoopThread
 from sa_jobs.worker.completer import BatchCompleter, Completer, InlineCompleter, OutcomeWriter
+from sa_jobs.worker.db_access import autocommit
 from sa_jobs.worker.engines import WorkerEngines, prepare_warning
-from sa_jobs.worker.execution import Execution, Interrupt, run_async, run_sync
+from sa_jobs.worker.execution import Execution, Interrupt, OutputSettings
+from sa_jobs.worker.handler_runs import run_async, run_sync
 from sa_jobs.worker.handlers import HandlerRegistry
+from sa_jobs.worker.keyed_fetch import fetch_keyed, plan_keyed
 from sa_jobs.worker.limited_fetch import fetch_limited, plan_limits
 from sa_jobs.worker.maintenance.loop import MaintenanceConfig, MaintenanceLoop
 from sa_jobs.worker.maintenance.periodic import PeriodicTicker
 from sa_jobs.worker.maintenance.periodic_thread import PeriodicThread
+from sa_jobs.worker.missing_rows import UNCHECKED, check_batch
 from sa_jobs.worker.notifier import ListenOptions, Notifier, check_same_database
+from sa_jobs.worker.outage import OutageLog
 from sa_jobs.worker.pool import HandlerThreads
 from sa_jobs.worker.producer import Producer, fetch_jobs
 from sa_jobs.worker.queue_checks import QueueNotes
@@ -69,9 +83,13 @@ class RunSettings(Protocol):
     periodic: list[PeriodicJob]
     hooks: list[WorkHook]
     queue_notes: QueueNotes
+    max_output_bytes: int | None
 
     @property
     def limits(self) -> tuple[Limit, ...]: ...
+
+    @property
+    def fair(self) -> dict[str, Queue]: ...
 
     @property
     def completer_kind(self) -> Literal["batch", "inline"]: ...
@@ -127,6 +145,9 @@ class WorkerRun:
         self._executions: dict[int, Execution] = {}
         #: Attempts settled during this run (``run_until_idle``'s ``worked``).
         self.settled_count = 0
+        #: Batches dispatched during this run: ``run_until_idle`` reads it around its
+        #: check of the database, to notice a job taken while it looked.
+        self.dispatched_batches = 0
         self._started: list[str] = []
         #: Queues a pause notification said are paused: their insert notifications
         #: wake nobody (the fetch would find nothing). Only a hint — the fetch statement
@@ -161,11 +182,35 @@ class WorkerRun:
             )
         if worker.listen.engine is not None:
             check_same_database(worker.listen.engine, self.engine)
+        typed = sorted(h.kind.name for h in handlers if h.kind.output_type is not None)
+        if typed and not features.output:
+            raise SchemaMissingError(
+                OUTPUT_BRANCH, f"kinds {typed} declare output= and their outputs are kept there"
+            )
+        # The async forms of record_output/output_of use the loop's async engine only
+        # where it was checked to reach this very database (as for async handlers'
+        # sessions); elsewhere they run the sync forms in a thread, off the loop too.
+        checked_async = self.loop is not None and (two_engines or async_sessions)
+        self.outputs = OutputSettings(
+            stored=features.output,
+            max_bytes=worker.max_output_bytes,
+            recorder=self._record_output,
+            reader=self._read_step_output if features.workflow else None,
+            async_recorder=self._record_output_async if checked_async else None,
+            async_reader=(
+                self._read_step_output_async if features.workflow and checked_async else None
+            ),
+        )
         limited = plan_limits(worker.limits, worker.queues)
         if limited and not features.limits:
             raise SchemaMissingError(LIMITS_BRANCH, "the worker declares limits")
         for warning in unhandled_kind_limits(worker.limits, [h.kind.name for h in handlers]):
             log.warning("%s", warning)
+        keyed = plan_keyed(worker.queues, worker.fair, worker.limits, limited, handlers)
+        if keyed and not features.fairness:
+            raise SchemaMissingError(
+                FAIRNESS_BRANCH, "the worker has a fair queue or a limit by key"
+            )
         # Before the heartbeat row exists: this process must not count as serving (or
         # naming) its own queues.
         worker.queue_notes.check(
@@ -188,6 +233,9 @@ class WorkerRun:
         self.watchdog = Watchdog(worker.interrupt_grace)
 
         def fetch(queue: str, free: int) -> list[Job[Any]]:
+            by_key = keyed.get(queue)
+            if by_key is not None:
+                return fetch_keyed(self.engine, by_key, free, worker.id, features=features)
             limits = limited.get(queue)
             if limits is None:  # the plain fetch, as if limits did not exist
                 return fetch_jobs(self.engine, queue, free, worker.id, features=features)
@@ -216,6 +264,7 @@ class WorkerRun:
             retry_delay=worker.retry_delay_for,
             stopping=self.closing,
         )
+        self.maintenance.heartbeat.stuck = self.pool.stuck_figures
         self.periodic = (
             PeriodicThread(
                 self.engine,
@@ -237,6 +286,13 @@ class WorkerRun:
             poll_interval=worker.poll_interval,
             heartbeat_interval=worker.maintenance_config.heartbeat_interval,
         )
+        # One outage log for every thread (see .outage); its end wakes the producers.
+        self.outage = OutageLog()
+        self.outage.on_end(self.wake_all)
+        writer.outage = self.outage
+        for service in (self.maintenance, self.periodic, self.notifier, *self.producers.values()):
+            if service is not None:
+                service.outage = self.outage
         self.maintenance.start()
         self._started.append("maintenance")
         if self.periodic is not None:
@@ -251,7 +307,14 @@ class WorkerRun:
         self._started.append("producers")
         self.notifier.start()
         self._started.append("notifier")
-        log.info("worker %s started: queues %s", worker.id, worker.queues)
+        fair = {name: queue.fairness() for name, queue in worker.fair.items()}
+        # Said when any: a fair queue dropped by a configuration mistake shows here.
+        log.info(
+            "worker %s started: queues %s%s",
+            worker.id,
+            worker.queues,
+            f"; fair {fair}" if fair else "",
+        )
 
     def request_stop(self, cancel: bool) -> None:
         if cancel:
@@ -307,13 +370,27 @@ class WorkerRun:
         the thread pool and to the event loop in one go each."""
         find = self.worker.handlers.find
         policy, settled, watch = self.worker.retry_policy, self._settled, self.watchdog.watch
+        outputs = self.outputs
         executions = [
-            Execution(job, find(job.kind), policy, settled, on_begin=watch, hooks=self.hooks)
+            Execution(
+                job,
+                find(job.kind),
+                policy,
+                settled,
+                on_begin=watch,
+                hooks=self.hooks,
+                outputs=outputs,
+            )
             for job in jobs
         ]
+        # The rows the batch references: one query per table for all of it.
+        verdicts = check_batch(self.engine, jobs)
+        for execution in executions:
+            execution.rows_verdict = verdicts.get(execution.job.id, UNCHECKED)
         with self._lock:
             for execution in executions:
                 self._executions[execution.job.id] = execution
+            self.dispatched_batches += 1
         on_loop = [execution for execution in executions if execution.is_async]
         if on_loop:
             assert self.loop is not None
@@ -322,6 +399,30 @@ class WorkerRun:
         if len(on_loop) < len(executions):
             in_threads = [execution for execution in executions if not execution.is_async]
             self.pool.submit_many(run_sync, in_threads, self.engine)
+
+    def _record_output(self, job: Job[Any], data: Any) -> bool:
+        """``job.record_output``: one short autocommitted statement, guarded by the run."""
+        with autocommit(self.engine).connect() as connection:
+            return record_output_in(connection, job, data)
+
+    def _read_step_output(self, job: Job[Any], step: str) -> Any:
+        """``job.output_of(step)``: one short read (sa_jobs._act.workflow_outputs)."""
+        with self.engine.connect() as connection:
+            return read_step_output(connection, job.id, step)
+
+    async def _record_output_async(self, job: Job[Any], data: Any) -> bool:
+        """``await job.record_output_async``: the same statement, autocommitted, on the
+        loop's async engine (the engine an async handler's session comes from)."""
+        assert self.loop is not None
+        engine = self.loop.async_engine().execution_options(isolation_level="AUTOCOMMIT")
+        async with engine.connect() as connection:
+            return await connection.run_sync(record_output_in, job, data)
+
+    async def _read_step_output_async(self, job: Job[Any], step: str) -> Any:
+        """``await job.output_of_async``: the same read, on the loop's async engine."""
+        assert self.loop is not None
+        async with self.loop.async_engine().connect() as connection:
+            return await connection.run_sync(read_step_output, job.id, step)
 
     def _settled(self, execution: Execution, outcome: Outcome | None, by_runner: bool) -> None:
         job = execution.job

@@ -17,6 +17,8 @@ import logging
 import random
 import threading
 
+from sa_jobs.worker.outage import OutageLog
+
 __all__ = ["Backoff", "Service"]
 
 log = logging.getLogger("sa_jobs.worker")
@@ -54,6 +56,8 @@ class Service:
         self._passes = 0
         self._pass_made = threading.Condition()
         self._thread = threading.Thread(target=self._main, name=f"sa_jobs-{name}", daemon=True)
+        #: Where transient database failures are logged (the worker shares one).
+        self.outage = OutageLog()
 
     def start(self) -> None:
         self._thread.start()

@@ -16,7 +16,6 @@ import os
 import signal
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -26,19 +25,25 @@ from sqlalchemy import URL, Engine
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from sqlalchemy.orm import Session
 
+from sa_jobs._declare.limits import Limit, check_worker_limits
+from sa_jobs._declare.option_checks import check_timeout
+from sa_jobs._declare.options import UNSET
+from sa_jobs._declare.queue_config import Queue
+from sa_jobs._table.models import Job
 from sa_jobs.errors import InvalidOptionsError
 from sa_jobs.hooks import WorkHook, WorkHooks
-from sa_jobs.limits import Limit, check_worker_limits
-from sa_jobs.models import Job
-from sa_jobs.option_checks import check_timeout
-from sa_jobs.options import UNSET
 from sa_jobs.periodic.definition import PeriodicJob, check_periodic_jobs
 from sa_jobs.worker.engines import WorkerEngines
 from sa_jobs.worker.handlers import HandlerRegistry
-from sa_jobs.worker.idle import IdleResult, due_work_left, unserved_due_jobs
+from sa_jobs.worker.idle import IdleResult, drain_until_idle, unserved_due_jobs
 from sa_jobs.worker.maintenance.loop import MaintenanceConfig
 from sa_jobs.worker.notifier import ListenOptions
-from sa_jobs.worker.queue_checks import QueueNotes, check_worker_queues, serve_hint
+from sa_jobs.worker.queue_checks import (
+    QueueNotes,
+    check_worker_queues,
+    fair_queues,
+    serve_hint,
+)
 from sa_jobs.worker.retry import DEFAULT_RETRY_POLICY, RetryPolicy, retry_delay
 from sa_jobs.worker.run import SHUTDOWN_FLUSH_TIMEOUT, WorkerRun
 
@@ -87,7 +92,10 @@ class Worker:
             connection. With an ``AsyncEngine``, async handlers' sessions use it (with a
             pool of their own) and the worker's threads use ``sync_engine``.
         queues: Queue name to concurrency (jobs of that queue run at once in this
-            process), a mapping: ``{"mail": 10}``. Default ``{"default": 10}``. At start
+            process), a mapping: ``{"mail": 10}``; a value may be a
+            ``sa_jobs.Queue(10, fair_by=[...], weights={...})`` for a queue fetched
+            round-robin across partition keys (``docs/queues.md``, "Limits by key and
+            fair queues"). Default ``{"default": 10}``. At start
             the worker warns about a handler whose kind defaults to a queue it does not
             serve, and about a queue nothing else names (a typo?).
         job_timeout: Default run time limit; ``None`` (or a negative duration) for none.
@@ -119,12 +127,15 @@ class Worker:
         hooks: Work hooks (:class:`sa_jobs.hooks.WorkHook`) called around every
             attempt, in this order; more with :meth:`add_hook`. See
             ``docs/observability.md``.
+        max_output_bytes: The cap on a handler's output (its return value, encoded as
+            JSON); default 1 MiB. A kind's ``job_args(max_output_bytes=...)`` wins. An
+            output over it fails that attempt. See ``docs/results.md``.
     """
 
     def __init__(
         self,
         engine: Engine | AsyncEngine,
-        queues: Mapping[str, int] | None = None,
+        queues: Mapping[str, int | Queue] | None = None,
         *,
         job_timeout: dt.timedelta | float | None = DEFAULT_JOB_TIMEOUT,
         retry_policy: RetryPolicy | None = None,
@@ -141,7 +152,18 @@ class Worker:
         periodic: Iterable[PeriodicJob] = (),
         hooks: Iterable[WorkHook] = (),
         limits: Iterable[Limit] = (),
+        max_output_bytes: int | None = None,
     ) -> None:
+        if max_output_bytes is not None and (
+            isinstance(max_output_bytes, bool)
+            or not isinstance(max_output_bytes, int)
+            or max_output_bytes < 1
+        ):
+            raise InvalidOptionsError(
+                "max_output_bytes", f"must be a positive int, got {max_output_bytes!r}"
+            )
+        #: The cap on handlers' outputs (None: 1 MiB); a kind's own cap wins.
+        self.max_output_bytes = max_output_bytes
         #: The periodic jobs this process fires (checked: distinct names).
         self.periodic: list[PeriodicJob] = check_periodic_jobs(periodic)
         #: Where notifications come from (``listen_engine``, ``poll_only``).
@@ -152,6 +174,7 @@ class Worker:
         self._run: WorkerRun | None = None
         self._stuck_limit_given = stuck_thread_limit
         self._limits: tuple[Limit, ...] = ()
+        self._fair: dict[str, Queue] = {}
         #: What was said at start about the queues (each finding once).
         self.queue_notes = QueueNotes()
         self.queues = queues if queues is not None else {"default": 10}
@@ -194,12 +217,13 @@ class Worker:
         return self._queues
 
     @queues.setter
-    def queues(self, queues: Mapping[str, int]) -> None:
+    def queues(self, queues: Mapping[str, int | Queue]) -> None:
         if self._run is not None:
             raise InvalidOptionsError("queues", "cannot change while the worker runs; stop() it")
         checked = check_worker_queues(queues)
         check_worker_limits(self._limits, checked)
         self._queues = checked
+        self._fair = fair_queues(queues)
         if self._stuck_limit_given is None:
             self.stuck_thread_limit = sum(checked.values())
 
@@ -207,6 +231,11 @@ class Worker:
     def limits(self) -> tuple[Limit, ...]:
         """The limits this worker's fetches enforce (checked against its queues)."""
         return self._limits
+
+    @property
+    def fair(self) -> dict[str, Queue]:
+        """The fair queues among :attr:`queues`: name -> its ``sa_jobs.Queue``."""
+        return dict(self._fair)
 
     # ------------------------------------------------------------------ registration
 
@@ -277,6 +306,14 @@ class Worker:
         """Threads currently stuck in handlers whose runs were settled without them."""
         run = self._run
         return run.pool.stuck if run is not None else 0
+
+    @property
+    def stuck_thread_limit_reached(self) -> bool:
+        """``stuck_thread_limit`` handler threads are stuck: the next stuck run keeps its
+        slot for good (or one does already). Restart the process to get them back
+        (``sa-jobs work --replace-stuck`` does)."""
+        run = self._run
+        return run.pool.limit_reached if run is not None else False
 
     def start(self) -> None:
         """Start fetching and working in background threads; returns once they run.
@@ -377,31 +414,13 @@ class Worker:
         run = self._run
         if run is None:  # stop() from another thread got in first
             return IdleResult(stopped_early=True)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        stop_requested = run.stop_requested
         stopped_early, unserved = True, {}
         try:
             with self._signals_stop(run):
-                while not stop_requested.is_set():
-                    with self.engine.begin() as connection:
-                        promoted = run.maintenance.make_due_jobs_available(connection)
-                    run.wake_all()
-                    while not run.idle() and not stop_requested.is_set():
-                        if deadline is not None and time.monotonic() > deadline:
-                            raise TimeoutError(f"worker still busy after {timeout} s")
-                        # A short wait: the drain's end is noticed within 5 ms, without
-                        # taking the GIL from the handlers every couple of milliseconds.
-                        stop_requested.wait(0.005)
-                    if stop_requested.is_set():
-                        break
-                    if not promoted and not due_work_left(self.engine, self.queues):
-                        stopped_early, unserved = False, self._report_unserved()
-                        break
-                    if self._limits:
-                        # Due jobs a limit holds back (their scope is full elsewhere, or
-                        # its rate is spent) are looked for again after a pause, not at once.
-                        stop_requested.wait(LIMITED_RECHECK)
-                if stopped_early:
+                recheck = LIMITED_RECHECK if self._limits else None
+                if drain_until_idle(run, self.engine, self.queues, timeout, recheck):
+                    stopped_early, unserved = False, self._report_unserved()
+                else:
                     log.info("stopped before the queues were idle; what is left stays queued")
         finally:
             self.stop(cancel=run.cancel_requested.is_set())

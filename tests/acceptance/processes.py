@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy import URL, Engine, select, text
 
-from sa_jobs.models import WorkerProcess
+from sa_jobs._table.service_tables import WorkerProcess
 from tests.acceptance.worker_app import RUNS_TABLE
 from tests.helpers import url_text, wait_until
 

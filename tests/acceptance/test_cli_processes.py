@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 import sa_jobs
 from sa_jobs import Job, JobState
 from tests.helpers import url_text, wait_for_state, wait_until
-from tests.integration.cli_worker_app import QUEUE, Linger
+from tests.integration.cli_worker_app import QUEUE, Linger, Rendezvous
 
 pytestmark = pytest.mark.slow
 
@@ -185,15 +185,17 @@ def test_children_stop_when_the_parent_is_killed(start: Start, engine: Engine) -
 def test_processes_and_until_idle_from_the_environment(start: Start, engine: Engine) -> None:
     """Two processes, one job at a time each, until idle: all from SA_JOBS_* variables.
     The children inherit SA_JOBS_PROCESSES=2 but are told --processes 1, so exactly one
-    parent starts children."""
-    jobs = insert_lingers(engine, 4, 0.2)
+    parent starts children. Each job waits until both children are registered, so the
+    first child to start cannot work them all before the second one is up."""
+    with Session(engine) as session, session.begin():
+        jobs = [sa_jobs.insert(session, Rendezvous(workers=2)).job.id for _ in range(2)]
 
     parent = start(SA_JOBS_PROCESSES="2", SA_JOBS_UNTIL_IDLE="true", SA_JOBS_QUEUES=f"{QUEUE}=1")
 
     assert parent.wait() == 0, parent.output()
     with engine.connect() as connection:
         states = connection.scalars(select(Job.state).where(Job.id.in_(jobs))).all()
-    assert states == [JobState.COMPLETED] * 4
+    assert states == [JobState.COMPLETED] * 2
     assert len(worker_ids(engine, jobs)) == 2, parent.output()
     log = parent.output()
     assert log.count("started 2 worker processes") == 1, log

@@ -434,3 +434,47 @@ def test_the_overview_points_at_a_queue_no_worker_serves_until_one_does(
             page.reload()
             expect(page.locator("#unserved")).to_have_count(0)
             expect(mail.locator("td.workers")).to_have_text("1")
+
+
+@sa_jobs.job_args(kind="dashboard_browser_step")
+class BrowserStep:
+    n: int = 0
+
+
+def test_see_a_workflow_drawn_follow_a_step_and_cancel_the_workflow(
+    engine: Engine, base_url: str, page: Page
+) -> None:
+    wf = sa_jobs.Workflow("nightly report")
+    fetch = wf.add(BrowserStep(1), name="fetch")
+    left = wf.add(BrowserStep(2), name="left", after=[fetch])
+    right = wf.add(BrowserStep(3), name="right", after=[fetch])
+    wf.add(BrowserStep(4), name="merge", after=[left, right])
+    with Session(engine) as session, session.begin():
+        inserted = sa_jobs.insert_workflow(session, wf)
+
+    page.goto(base_url + "/")
+    page.get_by_role("link", name="Workflows", exact=True).click()
+    expect(page.get_by_role("heading", level=1)).to_have_text("Workflows")
+    row = page.locator("table.workflows tbody tr", has_text="nightly report")
+    row.get_by_role("link", name=str(inserted.id), exact=True).click()
+    expect(page.get_by_role("heading", level=1)).to_contain_text(f"Workflow {inserted.id}")
+    graph = page.locator(".wf-graph svg")
+    expect(graph).to_be_visible()
+    expect(graph.locator("a.wf-node")).to_have_count(4)
+    expect(graph.locator("path.wf-edge")).to_have_count(4)
+    # A node is a link to its step's job page, which links back to the workflow.
+    graph.locator("a.wf-node", has_text="merge").click()
+    expect(page.get_by_role("heading", level=1)).to_contain_text(f"Job {inserted.jobs['merge']}")
+    expect(page.locator("table.workflow-place")).to_contain_text("left")
+    page.locator("table.workflow-place").get_by_role("link", name="nightly report").click()
+
+    page.get_by_role("button", name="Cancel workflow…").click()
+    expect(page.get_by_role("heading", level=1)).to_contain_text("Cancel workflow")
+    page.get_by_role("button", name=f"Cancel workflow {inserted.id}").click()
+    expect(page.get_by_role("status")).to_contain_text("Workflow cancelled: 4 jobs")
+    expect(page.locator(".wf-graph a.wf-node.node-cancelled")).to_have_count(4)
+    with engine.connect() as connection:
+        states = connection.execute(
+            select(sa_jobs.Job.state).where(sa_jobs.Job.id.in_(inserted.jobs.values()))
+        ).scalars()
+        assert set(states) == {JobState.CANCELLED}

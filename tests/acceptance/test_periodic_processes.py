@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import Job
-from sa_jobs.models import Leader, PeriodicState, WorkerProcess
-from sa_jobs.states import JobState
+from sa_jobs._base.states import JobState
+from sa_jobs._table.service_tables import Leader, PeriodicState, WorkerProcess
 from tests.acceptance.conftest import Spawn
 from tests.acceptance.periodic_app import NAME, Nap
 from tests.acceptance.processes import WorkerProcessHandle

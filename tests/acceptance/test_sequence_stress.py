@@ -18,8 +18,8 @@ from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
 import sa_jobs
-from sa_jobs.models import Job
-from sa_jobs.states import JobState
+from sa_jobs._base.states import JobState
+from sa_jobs._table.models import Job
 from tests.acceptance.conftest import Spawn
 from tests.acceptance.sequence_worker_app import (
     DDL,

@@ -69,6 +69,14 @@ class PoisonJob:
     n: int = 0
 
 
+@sa_jobs.job_args(kind="acceptance_progress")
+class ProgressJob:
+    """Records its progress (``job.record_output``) ``steps`` times, then runs on for a
+    minute on its first attempt; a later attempt returns at once."""
+
+    steps: int = 3
+
+
 _runs_engine: Engine | None = None
 
 
@@ -100,6 +108,20 @@ def quick_job(job: Job) -> None:
     record(job, "start")
     time.sleep(job.args.sleep)  # the job's work
     record(job, "end")
+
+
+def progress_job(job: Job) -> dict[str, Any]:
+    record(job, "start")
+    if job.attempt == 1:
+        for step in range(1, job.args.steps + 1):
+            job.record_output({"step": step})
+            record(job, f"step {step}")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            job.check_cancelled()
+            time.sleep(0.02)  # the rest of the work: long enough to be killed in
+    record(job, "end")
+    return {"finished": True, "attempt": job.attempt}
 
 
 def poison_job(job: Job) -> None:
@@ -134,6 +156,7 @@ def main() -> None:
     worker.handler(LongJob)(long_job)
     worker.handler(QuickJob)(quick_job)
     worker.handler(PoisonJob)(poison_job)
+    worker.handler(ProgressJob)(progress_job)
     worker.run()
     logging.getLogger("worker_app").info("worker.run() returned; exiting")
     engine.dispose()

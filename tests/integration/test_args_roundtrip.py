@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import Job
-from sa_jobs.convert import default_converter
+from sa_jobs._declare.convert import default_converter
 from sa_jobs.errors import InvalidJobArgsError
 from sa_jobs.testing import args_values, assert_same_args, unstorable_reason
 

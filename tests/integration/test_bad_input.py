@@ -17,8 +17,8 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import Job, JobState, UniqueOpts
+from sa_jobs._insert.insert import ABORTED_TRANSACTION_NOTE
 from sa_jobs.errors import InvalidOptionsError, SchemaMissingError
-from sa_jobs.insert import ABORTED_TRANSACTION_NOTE
 from sa_jobs.worker.maintenance.rescuer import Rescuer
 from sa_jobs.worker.producer import fetch_jobs
 from tests.factories import clear_workers_and_leader, job_row, make_job, seconds

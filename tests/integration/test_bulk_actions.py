@@ -16,12 +16,12 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import BulkResult, Job, JobState
+from sa_jobs._base.states import CANCEL_ATTEMPTED_KEY
 from sa_jobs.errors import (
     InvalidOptionsError,
     UnknownKindError,
     UnknownQueueError,
 )
-from sa_jobs.states import CANCEL_ATTEMPTED_KEY
 from tests.factories import FACTORY_KIND, job_row, make_job
 from tests.helpers import add_job, add_jobs, recorded_statements
 

@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import Job, JobState
-from sa_jobs.states import CANCEL_ATTEMPTED_KEY
+from sa_jobs._base.states import CANCEL_ATTEMPTED_KEY
 from tests.factories import make_job
 from tests.helpers import add_jobs, make_worker, running, wait_until
 

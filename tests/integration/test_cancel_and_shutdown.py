@@ -14,8 +14,8 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import Job, JobState
+from sa_jobs._base.states import CANCEL_ATTEMPTED_KEY
 from sa_jobs.errors import JobCancelledError, JobStateError, WorkerShutdownError
-from sa_jobs.states import CANCEL_ATTEMPTED_KEY
 from tests.helpers import (
     SLOW_HEARTBEAT,
     add_job,

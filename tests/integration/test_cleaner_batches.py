@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 import sa_jobs
-from sa_jobs.states import JobState
+from sa_jobs._base.states import JobState
 from sa_jobs.worker.maintenance.cleaner import Cleaner, Retention
 from sa_jobs.worker.producer import fetch_jobs
 from tests.factories import make_job, seconds

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -18,14 +19,33 @@ from tests.helpers import url_text
 #: Nothing listens here: an option refused with this URL was refused before connecting.
 NOWHERE = "postgresql://nobody@127.0.0.1:1/nowhere"
 
+#: What a drain cost the database per worked job (dbcost.py); the server's CPU is there
+#: because the test server runs on this host.
+DB_COST = [
+    "db_statements_per_job",
+    "db_round_trips_per_job",
+    "db_wal_bytes_per_job",
+    "db_backend_cpu_per_job",
+    "db_server_cpu_per_job",
+]
+#: --floor-threads: the best of four drains against the workplace's floor, and the cost
+#: figures at the same fetch size.
+THREADS = [
+    "worked_best",
+    "worker_cpu_per_job_best",
+    "worker_cpu_per_job_same_batch",
+    *(key.replace("db_", "threads_") for key in DB_COST),
+]
 FIGURES = [
     "enqueue_single",
     "enqueue_single_async",
     "enqueue_single_unique",
     "enqueue_bulk",
+    "enqueue_bulk_fast",
     "enqueue_bulk_unique",
     "worked",
     "worker_cpu_per_job",
+    *DB_COST,
     "latency_p50",
     "latency_p90",
     "latency_p99",
@@ -33,10 +53,30 @@ FIGURES = [
     "args_check_typical",
     "args_check_share",
     "args_check_bulk_share",
+    "fetch_plain",
+    "fetch_fair",
+    "fetch_key_limited",
+    "fetch_fair_ratio",
+    "fetch_key_limited_ratio",
+    "fetch_queue_limited",
+    "fetch_key_limited_vs_queue_limited",
+    "worked_limits_none",
+    "worked_limits_other",
+    "worked_limits_nonbinding",
+    "worked_limits_other_ratio",
+    "worked_limits_nonbinding_ratio",
+    "workflow_insert",
+    "workflow_insert_plain",
+    "workflow_insert_ratio",
+    "workflow_fan_worked",
+    "workflow_fan_plain_worked",
+    "workflow_fan_ratio",
+    "workflow_chain_release_p50",
+    "workflow_plain_next_p50",
 ]
 #: Figures about sa_jobs alone (the unique inserts against the plain ones, the args
 #: check against the enqueues), which have no floor of their own.
-WITHOUT_FLOOR = ("_unique", "args_check")
+WITHOUT_FLOOR = ("_unique", "args_check", "fetch_", "workflow_", "worked_limits")
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +102,7 @@ def test_a_small_run_with_the_floor_reports_every_figure_and_its_ratio_from_the_
     pg_server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "out.json"
-    argv = ["bench", "--jobs", "200", "--floor", "--json", str(out)]
+    argv = ["bench", "--jobs", "200", "--floor", "--floor-threads", "4", "--json", str(out)]
     code = main([*argv, "--url", url_text(pg_server.url)])
     stdout, stderr = capsys.readouterr()
     assert code == 0, stderr
@@ -77,10 +117,13 @@ def test_a_small_run_with_the_floor_reports_every_figure_and_its_ratio_from_the_
         "processes": 1,
         "handler": "sync",
         "floor": True,
+        "floor_threads": 4,
         "batch": 1000,
+        "phases": ["single", "worked", "latency", "fetch", "limits", "workflows"],
     }
     figures = {figure["key"]: figure for figure in document["figures"]}
-    assert list(figures) == FIGURES
+    at = FIGURES.index(DB_COST[-1]) + 1
+    assert list(figures) == FIGURES[:at] + THREADS + FIGURES[at:]
     for key, figure in figures.items():
         assert figure["sa_jobs"] > 0, key
         if any(part in key for part in WITHOUT_FLOOR):
@@ -93,6 +136,7 @@ def test_a_small_run_with_the_floor_reports_every_figure_and_its_ratio_from_the_
         figures[f"latency_p{q}"]["sa_jobs"] for q in (50, 90, 99)
     )
     assert figures["worker_cpu_per_job"]["higher_is_better"] is False
+    assert_database_costs_are_sane(figures)
     assert figures["worked"]["higher_is_better"] is True
     # The check's share is its time over the per-job time of the enqueues it names.
     per_single = 1e6 / figures["enqueue_single"]["sa_jobs"]
@@ -119,6 +163,27 @@ def test_a_small_run_with_the_floor_reports_every_figure_and_its_ratio_from_the_
     database = document["environment"]["database"]
     assert database.startswith("sa_jobs_bench_")
     assert not database_exists(pg_server, database)
+
+
+def assert_database_costs_are_sane(figures: dict[str, dict[str, Any]]) -> None:
+    """The floor's counts are known by construction; sa_jobs' are bounded by its design."""
+    for prefix, batch in (("db_", 10), ("threads_", 100)):
+        statements = figures[f"{prefix}statements_per_job"]
+        trips = figures[f"{prefix}round_trips_per_job"]
+        # The floor fetches up to `batch` jobs a statement and completes them in one
+        # more, in autocommit: at least two statements a batch, each one round trip;
+        # fetches of nothing at the end (every 5 ms while others finish) add a few.
+        assert 2 / batch <= statements["floor"] < 1, prefix
+        assert trips["floor"] == statements["floor"], prefix
+        # sa_jobs works in transactions: BEGIN and COMMIT are round trips, not statements.
+        assert trips["sa_jobs"] > statements["sa_jobs"] > 0, prefix
+        # Every completion writes WAL; the server's CPU includes the drain's backends'.
+        assert figures[f"{prefix}wal_bytes_per_job"]["floor"] > 0, prefix
+        for side in ("sa_jobs", "floor"):
+            backends = figures[f"{prefix}backend_cpu_per_job"][side]
+            assert 0 < backends <= figures[f"{prefix}server_cpu_per_job"][side] + 1e-9, prefix
+    best = figures["worked_best"]["label"]
+    assert re.search(r"best of 50/100/200/500 slots \((50|100|200|500)\) against 4 threads", best)
 
 
 @pytest.mark.slow
@@ -194,3 +259,24 @@ def test_an_unreachable_server_is_one_line_and_exit_1(
     err = capsys.readouterr().err
     assert err.startswith("sa-jobs: cannot reach the database"), err
     assert err.count("\n") == 1
+
+
+def test_only_runs_the_parts_named_and_the_limits_drains_report_their_ratios(
+    pg_server: Server, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "out.json"
+    argv = ["bench", "--jobs", "50", "--only", "limits", "--json", str(out)]
+    code = main([*argv, "--url", url_text(pg_server.url)])
+    _, stderr = capsys.readouterr()
+    assert code == 0, stderr
+    document = json.loads(out.read_text())
+    assert document["settings"]["phases"] == ["limits"]
+    figures = {figure["key"]: figure["sa_jobs"] for figure in document["figures"]}
+    assert list(figures) == [key for key in FIGURES if key.startswith("worked_limits")]
+    # Each drain checked that all 50 jobs ended completed; the ratios are of its rates.
+    assert figures["worked_limits_other_ratio"] == pytest.approx(
+        figures["worked_limits_none"] / figures["worked_limits_other"]
+    )
+    assert figures["worked_limits_nonbinding_ratio"] == pytest.approx(
+        figures["worked_limits_none"] / figures["worked_limits_nonbinding"]
+    )

@@ -23,11 +23,11 @@ from sqlalchemy import URL, Engine, create_engine
 from sqlalchemy.orm import Session
 
 import sa_jobs
+from sa_jobs._table.schema import BRANCHES, recorded_versions
 from sa_jobs.cli import main
 from sa_jobs.cli.dashboard import PASSWORD_VARIABLE, USER_VARIABLE
 from sa_jobs.devdb import Server, throwaway_database
 from sa_jobs.errors import InvalidOptionsError, UnknownQueueError
-from sa_jobs.schema import BRANCHES, recorded_versions
 from tests.dashboard import free_port
 from tests.factories import make_job
 from tests.helpers import CliRun, url_text
@@ -275,8 +275,8 @@ def test_a_relative_downgrade_of_a_single_branch_still_runs(
     url = url_text(blank_url)
     assert main(["migrate", "--url", url, "--target", "sa_jobs_core@head"]) == 0
     assert main(["migrate", "--url", url, "--downgrade=-1"]) == 0
-    assert "removed sajobs_core_0005" in capsys.readouterr().out
-    assert installed(blank_url) == ("sajobs_core_0004",)
+    assert "removed sajobs_core_0006" in capsys.readouterr().out
+    assert installed(blank_url) == ("sajobs_core_0005",)
 
 
 # ------------------------------------------------------------ import sa_jobs

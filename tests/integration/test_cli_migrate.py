@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import URL, create_engine, inspect, text
 
 import sa_jobs
+from sa_jobs._table.schema import BRANCHES
 from sa_jobs.cli import main
 from sa_jobs.devdb import Server, throwaway_database
-from sa_jobs.schema import BRANCHES
 from tests.helpers import libpq_url, url_text
 
 NOWHERE = "postgresql://nobody@127.0.0.1:1/nowhere"
@@ -23,6 +23,7 @@ ALL_REVISIONS = [
     "sajobs_core_0003",
     "sajobs_core_0004",
     "sajobs_core_0005",
+    "sajobs_core_0006",
     "sajobs_unique_0001",
     "sajobs_unique_0002",
     "sajobs_sequence_0001",
@@ -32,6 +33,11 @@ ALL_REVISIONS = [
     "sajobs_periodic_0002",
     "sajobs_queue_0001",
     "sajobs_limits_0001",
+    "sajobs_workflow_0001",
+    "sajobs_workflow_0002",
+    "sajobs_output_0001",
+    "sajobs_fairness_0001",
+    "sajobs_refs_0001",
 ]
 
 Run = Callable[..., tuple[int, str, str]]
@@ -104,7 +110,7 @@ def test_migrate_one_branch_then_the_rest_applies_only_whats_missing(cli: Run) -
     _, out, _ = cli("migrate")
     applied = [line.split()[1] for line in out.splitlines()[:-1]]
     assert applied == [
-        *ALL_REVISIONS[1:5],
+        *ALL_REVISIONS[1:6],
         "sajobs_sequence_0001",
         "sajobs_job_key_0001",
         "sajobs_job_key_0002",
@@ -112,6 +118,11 @@ def test_migrate_one_branch_then_the_rest_applies_only_whats_missing(cli: Run) -
         "sajobs_periodic_0002",
         "sajobs_queue_0001",
         "sajobs_limits_0001",
+        "sajobs_workflow_0001",
+        "sajobs_workflow_0002",
+        "sajobs_output_0001",
+        "sajobs_fairness_0001",
+        "sajobs_refs_0001",
     ]
 
 
@@ -155,15 +166,19 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
     code, out, err = cli("migrate", "--status")
     assert (code, err) == (0, "")
     assert status_rows(out) == {
-        "sa_jobs_core": ("-", ", ".join(ALL_REVISIONS[:5])),
+        "sa_jobs_core": ("-", ", ".join(ALL_REVISIONS[:6])),
         "sa_jobs_unique": ("-", "sajobs_unique_0001, sajobs_unique_0002"),
         "sa_jobs_sequence": ("-", "sajobs_sequence_0001"),
         "sa_jobs_job_key": ("-", "sajobs_job_key_0001, sajobs_job_key_0002"),
         "sa_jobs_periodic": ("-", "sajobs_periodic_0001, sajobs_periodic_0002"),
         "sa_jobs_queue": ("-", "sajobs_queue_0001"),
         "sa_jobs_limits": ("-", "sajobs_limits_0001"),
+        "sa_jobs_output": ("-", "sajobs_output_0001"),
+        "sa_jobs_workflow": ("-", "sajobs_workflow_0001, sajobs_workflow_0002"),
+        "sa_jobs_fairness": ("-", "sajobs_fairness_0001"),
+        "sa_jobs_refs": ("-", "sajobs_refs_0001"),
     }
-    assert out.splitlines()[-1] == "14 revisions pending: run sa-jobs migrate"
+    assert out.splitlines()[-1] == "20 revisions pending: run sa-jobs migrate"
 
     cli("migrate", "--target", "sajobs_core_0002")
     cli("migrate", "--target", "sajobs_unique_0001")
@@ -171,7 +186,7 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
     assert status_rows(out) == {
         "sa_jobs_core": (
             "sajobs_core_0002",
-            "sajobs_core_0003, sajobs_core_0004, sajobs_core_0005",
+            "sajobs_core_0003, sajobs_core_0004, sajobs_core_0005, sajobs_core_0006",
         ),
         "sa_jobs_unique": ("sajobs_unique_0001", "sajobs_unique_0002"),
         "sa_jobs_sequence": ("-", "sajobs_sequence_0001"),
@@ -179,19 +194,27 @@ def test_status_shows_each_branch_installed_and_pending(cli: Run) -> None:
         "sa_jobs_periodic": ("-", "sajobs_periodic_0001, sajobs_periodic_0002"),
         "sa_jobs_queue": ("-", "sajobs_queue_0001"),
         "sa_jobs_limits": ("-", "sajobs_limits_0001"),
+        "sa_jobs_output": ("-", "sajobs_output_0001"),
+        "sa_jobs_workflow": ("-", "sajobs_workflow_0001, sajobs_workflow_0002"),
+        "sa_jobs_fairness": ("-", "sajobs_fairness_0001"),
+        "sa_jobs_refs": ("-", "sajobs_refs_0001"),
     }
-    assert out.splitlines()[-1] == "11 revisions pending: run sa-jobs migrate"
+    assert out.splitlines()[-1] == "17 revisions pending: run sa-jobs migrate"
 
     cli("migrate")
     _, out, _ = cli("migrate", "--status")
     assert status_rows(out) == {
-        "sa_jobs_core": ("sajobs_core_0005", "-"),
+        "sa_jobs_core": ("sajobs_core_0006", "-"),
         "sa_jobs_unique": ("sajobs_unique_0002", "-"),
         "sa_jobs_sequence": ("sajobs_sequence_0001", "-"),
         "sa_jobs_job_key": ("sajobs_job_key_0002", "-"),
         "sa_jobs_periodic": ("sajobs_periodic_0002", "-"),
         "sa_jobs_queue": ("sajobs_queue_0001", "-"),
         "sa_jobs_limits": ("sajobs_limits_0001", "-"),
+        "sa_jobs_output": ("sajobs_output_0001", "-"),
+        "sa_jobs_workflow": ("sajobs_workflow_0002", "-"),
+        "sa_jobs_fairness": ("sajobs_fairness_0001", "-"),
+        "sa_jobs_refs": ("sajobs_refs_0001", "-"),
     }
     assert out.splitlines()[-1] == "up to date"
 
@@ -208,7 +231,7 @@ def test_status_reads_an_applications_alembic_version(cli: Run, blank_url: URL) 
     code, out, _ = cli("migrate", "--status")
 
     assert code == 0
-    assert status_rows(out)["sa_jobs_core"] == ("sajobs_core_0005", "-")
+    assert status_rows(out)["sa_jobs_core"] == ("sajobs_core_0006", "-")
     assert status_rows(out)["sa_jobs_unique"] == ("-", "sajobs_unique_0001, sajobs_unique_0002")
     assert (
         out.splitlines()[-1]

@@ -12,8 +12,8 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from sa_jobs import Job, JobState
-from sa_jobs.cli.bulk import age
-from sa_jobs.models import JobQueue, PeriodicState
+from sa_jobs._table.service_tables import JobQueue, PeriodicState
+from sa_jobs.cli.filtered_actions import age
 from tests.factories import make_job
 from tests.helpers import CliRun
 

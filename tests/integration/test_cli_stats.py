@@ -40,6 +40,7 @@ def test_stats_prints_a_row_per_queue_and_a_total(
         "queue",
         *(state.value for state in JobState),
         "oldest available",
+        "pending steps",  # workflow steps waiting (the test database has the branch)
     ]
     mail = re.split(r"\s{2,}", lines[1])
     # Its available jobs have no live worker to serve them (none is registered).

@@ -17,9 +17,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 import sa_jobs
 from sa_jobs import JobState
+from sa_jobs._table.service_tables import PeriodicState
 from sa_jobs.dashboard import basic_auth, create_app
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.models import PeriodicState
 from tests.dashboard import DashboardClient, forms_posting
 from tests.factories import job_row, make_job, seconds
 
@@ -528,10 +528,10 @@ def test_retry_every_job_matching_the_filter(client: DashboardClient, engine: En
 def test_a_whole_filter_is_worked_in_rounds_that_offer_to_continue(
     client: DashboardClient, engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sa_jobs.dashboard import bulk
+    from sa_jobs.dashboard import confirmed_actions
 
-    monkeypatch.setattr(bulk, "BATCH", 2)
-    monkeypatch.setattr(bulk, "TIME_BUDGET", 0.0)  # stop after every transaction
+    monkeypatch.setattr(confirmed_actions, "BATCH", 2)
+    monkeypatch.setattr(confirmed_actions, "TIME_BUDGET", 0.0)  # stop after every transaction
     ids = [make_job(engine, queue="dashboard_rounds", state=JobState.COMPLETED) for _ in range(5)]
     form: dict[str, Any] = {
         "scope": "filter",

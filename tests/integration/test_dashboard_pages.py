@@ -14,8 +14,9 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import JobState
+from sa_jobs._table.service_tables import Leader
 from sa_jobs.dashboard import create_app, job_list, queries, workers_view
-from sa_jobs.models import Leader
+from sa_jobs.dashboard.list_filter import ListFilter
 from tests.dashboard import DashboardClient, forms_posting
 from tests.factories import job_row, make_job, make_worker_row
 from tests.helpers import db_now, fetch_one, finish_run
@@ -141,8 +142,8 @@ def test_a_state_page_reads_its_index_and_never_scans_the_table(
     }
     cursor = tuple(first_row[name] for name in order.columns)
     for statement in (
-        job_list.page_statement(job_list.ListFilter(state=state)),
-        job_list.page_statement(job_list.ListFilter(state=state, kind="x"), cursor),
+        job_list.page_statement(ListFilter(state=state)),
+        job_list.page_statement(ListFilter(state=state, kind="x"), cursor),
     ):
         compiled = statement.compile(engine)
         with engine.connect() as connection:

@@ -17,11 +17,12 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import JobState
-from sa_jobs.args import KindRegistry
+from sa_jobs._declare.args import KindRegistry
+from sa_jobs._declare.unique_sequence_keys import canonical_bytes, key_digest
+from sa_jobs._table.models import Job
+from sa_jobs._table.service_tables import WorkerProcess
 from sa_jobs.dashboard import create_app, list_choices, sequence_keys
 from sa_jobs.dashboard.sequence_keys import SequenceKeys, SequenceParts
-from sa_jobs.keys import canonical_bytes, key_digest
-from sa_jobs.models import Job, WorkerProcess
 from tests.dashboard import DashboardClient
 from tests.factories import make_job, make_worker_row
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sa_jobs import demo
+from sa_jobs.cli import demo
 from sa_jobs.devdb import Server
 from tests.helpers import url_text
 

@@ -8,6 +8,7 @@ With an async engine every session function is awaited, as an async app would.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import inspect
 import logging
 import threading
@@ -131,6 +132,29 @@ def test_every_insert_path_works_on_every_driver(driver_engine: Any, engine: Eng
     with Session(engine) as session:
         stored = session.scalars(select(Job).order_by(Job.id)).all()
         assert sorted(job.args.n for job in stored) == [1, 2, 3, 4, 5]
+
+
+def test_insert_many_fast_copies_on_every_driver(driver_engine: Any, engine: Engine) -> None:
+    awkward = 'tab\t, newline\n, back\\slash, "quotes", é'
+    later = sa_jobs.InsertOpts(scheduled_at=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+
+    async def work(session: Any) -> Any:
+        return await result(
+            sa_jobs.insert_many_fast(
+                session,
+                [Plain(1), sa_jobs.InsertManyParams(Plain(2), later), Plain(3)],
+                tags=[awkward],
+            )
+        )
+
+    assert in_session(driver_engine, work) == 3
+    with Session(engine) as session:
+        stored = session.scalars(select(Job).order_by(Job.id)).all()
+        assert [(job.args.n, job.state, job.tags) for job in stored] == [
+            (1, JobState.AVAILABLE, [awkward]),
+            (2, JobState.SCHEDULED, []),  # its own options, not the shared ones
+            (3, JobState.AVAILABLE, [awkward]),
+        ]
 
 
 def test_a_rolled_back_transaction_leaves_no_job(driver_engine: Any, engine: Engine) -> None:

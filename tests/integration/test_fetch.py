@@ -106,7 +106,7 @@ def test_fetch_marks_jobs_running_for_the_worker(engine: Engine) -> None:
 
 
 def test_fetched_jobs_behave_like_the_orm_loaded_jobs_of_a_closed_session(engine: Engine) -> None:
-    # fetch_jobs builds its Job objects from Core rows (sa_jobs.job_loading); a handler
+    # fetch_jobs builds its Job objects from Core rows (sa_jobs._table.job_loading); a handler
     # must not be able to tell them from what Session + select(Job) leaves behind.
     job_id = make_job(
         engine, kind="test_fetch_work", queue="detached", args={"n": 7}, metadata={"a": 1}
@@ -122,10 +122,12 @@ def test_fetched_jobs_behave_like_the_orm_loaded_jobs_of_a_closed_session(engine
     state = sa_inspect(job)
     assert state.detached and state.key == sa_inspect(loaded).key
     assert not state.modified
-    # What the ORM leaves unloaded stays unloaded, except sequence_key, which the fetch
-    # returns on purpose (the completer skips sequence work for unsequenced jobs).
-    assert state.unloaded == sa_inspect(loaded).unloaded - {"sequence_key"}
+    # What the ORM leaves unloaded stays unloaded, except sequence_key and workflow_id,
+    # which the fetch returns on purpose (the completer skips sequence work for
+    # unsequenced jobs, and writes plain jobs' outcomes without a transaction).
+    assert state.unloaded == sa_inspect(loaded).unloaded - {"sequence_key", "workflow_id"}
     assert job.sequence_key is None
+    assert job.workflow_id is None
     assert job.args == Work(n=7)
     with pytest.raises(DetachedInstanceError):
         _ = job.job_key  # a deferred column: not loaded, as with the ORM

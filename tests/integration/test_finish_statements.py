@@ -1,6 +1,6 @@
 """The two finish statements agree: a batch of plain completions, written with the
-arrays of :func:`~sa_jobs.complete.completed_statement`, leaves every row exactly as the
-general JSON statement (:func:`~sa_jobs.complete.finish_statement`) would."""
+arrays of :func:`~sa_jobs._act.complete.completed_statement`, leaves every row exactly as the
+general JSON statement (:func:`~sa_jobs._act.complete.finish_statement`) would."""
 
 from __future__ import annotations
 
@@ -10,19 +10,18 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, select, text, update
 
-from sa_jobs.complete import (
+from sa_jobs._act.complete import (
     COMPLETED_IDS_PARAM,
     COMPLETED_RUNS_PARAM,
     OUTCOMES_PARAM,
-    Ending,
-    Outcome,
     completed_statement,
     finish_in,
     finish_statement,
     outcomes_json,
 )
-from sa_jobs.models import Job
-from sa_jobs.states import CANCEL_ATTEMPTED_KEY, JOB_KEY_REPLACED_KEY, JobState
+from sa_jobs._base.records import Ending, Outcome
+from sa_jobs._base.states import CANCEL_ATTEMPTED_KEY, JOB_KEY_REPLACED_KEY, JobState
+from sa_jobs._table.models import Job
 from tests.factories import job_row, make_job
 from tests.helpers import is_finish_statement, sent_statements, wait_until
 

@@ -409,3 +409,55 @@ def test_the_recipe_in_the_docs(engine: Engine) -> None:
 
     assert get_job(engine, job_id).metadata_ == {"tenant": "acme"}
     assert [(entry[0], entry[1]) for entry in slow.slow] == [(job_id, "completed")]
+
+
+def test_insert_hooks_see_every_step_and_callback_of_a_workflow(engine: Engine) -> None:
+    """A workflow's steps and callbacks, the Celery shorthands' and add_to_workflow's are
+    inserts like any other: a hook that stamps or counts inserts sees every one."""
+    calls: list[tuple[Any, ...]] = []
+    add_insert_hook(Stamp("stamp", calls))
+    wf = sa_jobs.Workflow("hooked", on_success=Task(how="success"))
+    first = wf.add(Task(), name="first")
+    wf.add(Task(), name="second", after=[first])
+    batch = sa_jobs.Batch(on_complete=Task(how="done"))
+    batch.add_many([Task(), Task()])
+    shapes = [
+        wf,
+        batch,
+        sa_jobs.chain(Task(), Task()),
+        sa_jobs.group(Task(), Task()),
+        sa_jobs.chord([Task(), Task()], Task()),
+    ]
+
+    with Session(engine, expire_on_commit=False) as session, session.begin():
+        inserted = [sa_jobs.insert_workflow(session, shape) for shape in shapes]
+        added = sa_jobs.add_to_workflow(session, inserted[0].id, Task(), after=["second"])
+
+    expected = [[*one.jobs.values(), *one.callbacks.values()] for one in inserted] + [
+        [added.job_id]
+    ]
+    afters = [call for call in calls if call[1] == "after"]
+    # One before/after pair per call, in which every job written is seen, with its id.
+    assert [call[1] for call in calls] == ["before", "after"] * len(expected)
+    assert [[job_id for job_id, _ in call[2]] for call in afters] == expected
+    assert all(action is InsertAction.INSERTED for call in afters for _, action in call[2])
+    assert all(call[3] is None for call in afters)
+    with Session(engine) as session:
+        for job_id in (job_id for ids in expected for job_id in ids):
+            metadata = session.get_one(Job, job_id).metadata_
+            assert metadata["stamps"] == ["stamp"]
+    # A callback's own bookkeeping survives the hook's metadata.
+    callback = get_job(engine, inserted[0].callbacks["on_success"])
+    assert callback.metadata_["stamps"] == ["stamp"] and len(callback.metadata_) == 2
+
+
+def test_insert_hooks_see_a_workflow_insert_that_failed(core_only: Engine) -> None:
+    calls: list[tuple[Any, ...]] = []
+    add_insert_hook(Stamp("stamp", calls))
+
+    with Session(core_only) as session, pytest.raises(SchemaMissingError):
+        sa_jobs.insert_workflow(session, sa_jobs.chain(Task(), Task()))
+
+    assert calls[-1][:2] == ("stamp", "after")
+    assert calls[-1][2] == [(None, None), (None, None)]
+    assert isinstance(calls[-1][3], SchemaMissingError)

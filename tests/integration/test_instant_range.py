@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 
-from sa_jobs.durations import RANGE_TEXT
+from sa_jobs._base.durations import RANGE_TEXT
+from sa_jobs._declare.options import InsertOpts
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.options import InsertOpts
 
 ONE_MICROSECOND = dt.timedelta(microseconds=1)
 

@@ -2,7 +2,7 @@
 
 Graphile's ``add_job`` can return null when a worker locks the key's job between the
 statement's snapshot and its ``ON CONFLICT`` check. sa_jobs runs another round for such
-rows (``sa_jobs.job_key.insert_keyed``), whose detach step now sees the running holder.
+rows (``sa_jobs._insert.job_key.insert_keyed``), whose detach step now sees the running holder.
 
 First the races, made deterministic: a second transaction holds the row an add needs
 (a worker starting the holder, a worker completing it, another add of the same key,
@@ -39,10 +39,11 @@ from sa_jobs import (
     JobKeyMode,
     JobState,
 )
-from sa_jobs.complete import Ending, Outcome, finish_in
-from sa_jobs.job_key import RemoveOutcome
-from sa_jobs.job_key import rounds as key_rounds
-from sa_jobs.states import JOB_KEY_REPLACED_KEY
+from sa_jobs._act.complete import finish_in
+from sa_jobs._base.records import Ending, Outcome
+from sa_jobs._base.states import JOB_KEY_REPLACED_KEY
+from sa_jobs._insert.job_key import RemoveOutcome
+from sa_jobs._insert.job_key import rounds as key_rounds
 from sa_jobs.worker.producer import jobs_fetch_available
 from tests.factories import clear_workers_and_leader, job_row
 from tests.helpers import fast_maintenance, insert_one, make_worker, wait_until
@@ -54,8 +55,8 @@ class Events:
 
 
 KEY = "contended"
-# The module (``sa_jobs.insert`` the attribute is the function).
-insert_module = importlib.import_module("sa_jobs.insert")
+# The module that writes rows (``sa_jobs.insert`` is the function).
+insert_module = importlib.import_module("sa_jobs._insert.insert")
 
 
 # ------------------------------------------------------------------ helpers

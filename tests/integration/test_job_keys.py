@@ -42,13 +42,13 @@ from sa_jobs import (
     SequenceOpts,
     UniqueOpts,
 )
-from sa_jobs.complete import Ending
+from sa_jobs._base.records import Ending
+from sa_jobs._base.states import JOB_KEY_REPLACED_KEY
+from sa_jobs._declare.options import DEFAULT_MAX_ATTEMPTS
+from sa_jobs._insert.job_key import RemoveOutcome
+from sa_jobs._table.schema import CORE_BRANCH, JOB_KEY_BRANCH, installed_branches
 from sa_jobs.devdb import Server, throwaway_database
 from sa_jobs.errors import InvalidOptionsError, JobSnooze, JobStateError, SchemaMissingError
-from sa_jobs.job_key import RemoveOutcome
-from sa_jobs.options import DEFAULT_MAX_ATTEMPTS
-from sa_jobs.schema import CORE_BRANCH, JOB_KEY_BRANCH, installed_branches
-from sa_jobs.states import JOB_KEY_REPLACED_KEY
 from sa_jobs.worker.maintenance.rescuer import Rescuer
 from tests.factories import clear_workers_and_leader, job_row
 from tests.helpers import (

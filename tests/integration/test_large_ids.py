@@ -11,7 +11,8 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import JobState, SequenceOpts
-from sa_jobs.complete import Outcome, finish_in
+from sa_jobs._act.complete import finish_in
+from sa_jobs._base.records import Outcome
 from sa_jobs.worker.maintenance.sequence_repair import SequenceRepair
 from sa_jobs.worker.producer import fetch_jobs
 from tests.factories import job_row

@@ -16,11 +16,11 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import ConcurrencyLimit, JobState, RateLimit
+from sa_jobs._declare.limits import Limit
+from sa_jobs._table.limit_tables import RateWindow
+from sa_jobs._table.models import Job
+from sa_jobs._table.schema import ALL_FEATURES, translate_missing_schema
 from sa_jobs.errors import SchemaMissingError
-from sa_jobs.limit_tables import RateWindow
-from sa_jobs.limits import Limit
-from sa_jobs.models import Job
-from sa_jobs.schema import ALL_FEATURES, translate_missing_schema
 from sa_jobs.worker.limited_fetch import fetch_limited, plan_limits
 from tests.factories import make_job
 from tests.helpers import make_worker, running, wait_until

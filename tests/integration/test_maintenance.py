@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from sqlalchemy import URL, Engine
 
-from sa_jobs.states import JobState
+from sa_jobs._base.states import JobState
 from sa_jobs.worker.maintenance.cleaner import Cleaner, Retention
 from sa_jobs.worker.maintenance.leader import LeaderElection
 from sa_jobs.worker.maintenance.rescuer import Rescuer

@@ -18,11 +18,11 @@ from sqlalchemy import URL, Engine, create_engine, text
 
 import sa_jobs
 from sa_jobs import Job, JobState
-from sa_jobs.complete import Ending, Outcome
+from sa_jobs._base.durations import MAX_DELAY
+from sa_jobs._base.records import Ending, Outcome
+from sa_jobs._table.schema import NO_FEATURES
 from sa_jobs.devdb import Server
-from sa_jobs.durations import MAX_DELAY
 from sa_jobs.errors import JobCancel, JobSnooze
-from sa_jobs.schema import NO_FEATURES
 from sa_jobs.worker.completer import OutcomeWriter
 from sa_jobs.worker.maintenance.rescuer import Rescuer
 from tests.helpers import (

@@ -17,11 +17,11 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import Job, PeriodicJob
+from sa_jobs._table.schema import PERIODIC_BRANCH
+from sa_jobs._table.service_tables import PeriodicState
 from sa_jobs.cli import main
 from sa_jobs.errors import InvalidOptionsError, PeriodicJobNotFoundError, SchemaMissingError
-from sa_jobs.models import PeriodicState
 from sa_jobs.periodic import periodic_jobs, run_now
-from sa_jobs.schema import PERIODIC_BRANCH
 from sa_jobs.worker.maintenance import periodic as ticking
 from sa_jobs.worker.maintenance.periodic import PeriodicRetirer, PeriodicTicker
 from tests.helpers import url_text, wait_until

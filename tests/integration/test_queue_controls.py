@@ -14,15 +14,15 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import Job, JobState
-from sa_jobs.errors import InvalidOptionsError, SchemaMissingError, UnknownQueueError
-from sa_jobs.models import JobQueue
-from sa_jobs.schema import (
+from sa_jobs._table.schema import (
     CONTROL_CHANNEL,
     CORE_BRANCH,
     QUEUE_BRANCH,
     Features,
     missing_schema_error,
 )
+from sa_jobs._table.service_tables import JobQueue
+from sa_jobs.errors import InvalidOptionsError, SchemaMissingError, UnknownQueueError
 from sa_jobs.worker.producer import fetch_jobs
 from tests.factories import make_job, make_worker_row
 from tests.helpers import (

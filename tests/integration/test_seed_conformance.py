@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import Job, JobState, SequenceOpts, UniqueOpts
-from sa_jobs.complete import Ending
+from sa_jobs._base.records import Ending
 from sa_jobs.errors import JobStateError
 from sa_jobs.worker.producer import fetch_jobs
 from tests.factories import job_row

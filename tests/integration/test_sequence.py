@@ -8,7 +8,7 @@ in every combination of flags; the repair pass; the cleaner; unique options; a
 database without the sequence branch; concurrent inserters.
 
 "Works the jobs" below means :func:`drain`: fetch like a worker, complete with
-:func:`~sa_jobs.complete.finish_in` like the completer, repeat — and never run a
+:func:`~sa_jobs._act.complete.finish_in` like the completer, repeat — and never run a
 maintenance pass, so a promotion that did not happen where it should shows up as a
 job left behind.
 """
@@ -32,13 +32,13 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import InsertManyParams, InsertOpts, Job, JobState, SequenceOpts, UniqueOpts
-from sa_jobs.complete import Ending, Outcome
+from sa_jobs._base.records import Ending, Outcome
+from sa_jobs._declare.options import REQUIRED_UNIQUE_STATES
+from sa_jobs._insert.sequence import _lock_number_sql, lock_number
+from sa_jobs._table.models import job_table
+from sa_jobs._table.schema import SEQUENCE_BRANCH, installed_branches
 from sa_jobs.devdb import Server, throwaway_database
 from sa_jobs.errors import InvalidOptionsError, SchemaMissingError, UniqueConflictError
-from sa_jobs.models import job_table
-from sa_jobs.options import REQUIRED_UNIQUE_STATES
-from sa_jobs.schema import SEQUENCE_BRANCH, installed_branches
-from sa_jobs.sequence import _lock_number_sql, lock_number
 from sa_jobs.worker import Retention
 from sa_jobs.worker.maintenance.cleaner import Cleaner
 from sa_jobs.worker.maintenance.rescuer import Rescuer

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import threading
 from collections.abc import Iterator
 
@@ -14,9 +15,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
 from sqlalchemy.orm import Session
 
 import sa_jobs
-from sa_jobs import Job, JobState, SequenceOpts, job_counts
+from sa_jobs import Job, JobState, SequenceOpts
+from sa_jobs._inspect import job_counts
+from sa_jobs._inspect.queue_stats import Stats, as_dict
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.queue_stats import Stats
 from tests.factories import make_job, make_worker_row
 from tests.helpers import (
     add_job,
@@ -292,3 +294,15 @@ def test_nothing_is_written(engine: Engine) -> None:
         sa_jobs.stats(session)
         wrote = session.execute(text("SELECT pg_current_xact_id_if_assigned()")).scalar()
     assert wrote is None
+
+
+def test_stats_as_dict_is_a_method_of_the_result(engine: Engine) -> None:
+    # docs/observability.md tells users to call found.as_dict(): no import from the
+    # internal module holding the function.
+    make_job(engine, queue="default", state=JobState.AVAILABLE)
+    with Session(engine) as session:
+        found = sa_jobs.stats(session)
+    data = found.as_dict()
+    assert data == as_dict(found)
+    assert data["totals"]["available"] == 1
+    json.dumps(data)  # JSON-ready

@@ -19,6 +19,10 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import InsertManyParams, InsertOpts, Job, JobState, UniqueOpts
+from sa_jobs._base.states import FINAL_STATES, UNIQUE_CONFLICT_KEY
+from sa_jobs._declare.options import DEFAULT_UNIQUE_STATES, REQUIRED_UNIQUE_STATES
+from sa_jobs._table.models import states_bitmask
+from sa_jobs._table.schema import CORE_BRANCH, UNIQUE_BRANCH, installed_branches
 from sa_jobs.devdb import Server, throwaway_database
 from sa_jobs.errors import (
     InvalidOptionsError,
@@ -26,10 +30,6 @@ from sa_jobs.errors import (
     SchemaMissingError,
     UniqueConflictError,
 )
-from sa_jobs.models import states_bitmask
-from sa_jobs.options import DEFAULT_UNIQUE_STATES, REQUIRED_UNIQUE_STATES
-from sa_jobs.schema import CORE_BRANCH, UNIQUE_BRANCH, installed_branches
-from sa_jobs.states import FINAL_STATES, UNIQUE_CONFLICT_KEY
 from sa_jobs.testing import canonical_unique_key
 from sa_jobs.worker.maintenance.scheduler import Scheduler
 from tests.factories import clear_workers_and_leader, expire_ttl_locks, job_row

@@ -22,10 +22,10 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import Job, JobState
-from sa_jobs.health import HealthLevel, HealthThresholds
-from sa_jobs.models import WorkerProcess
+from sa_jobs._inspect.health import HealthLevel, HealthThresholds
+from sa_jobs._inspect.queue_stats import as_dict
+from sa_jobs._table.service_tables import WorkerProcess
 from sa_jobs.prometheus import PrometheusMetrics, read_queues
-from sa_jobs.queue_stats import as_dict
 from sa_jobs.worker import IdleResult
 from tests.factories import clear_workers_and_leader, make_job
 from tests.helpers import FAST_MAINTENANCE, CliRun, add_job

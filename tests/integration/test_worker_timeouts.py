@@ -18,9 +18,9 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import Job, JobState, Worker
-from sa_jobs.args import kind_of
+from sa_jobs._declare.args import kind_of
+from sa_jobs._declare.options import UNSET
 from sa_jobs.errors import InvalidOptionsError, JobTimeoutError
-from sa_jobs.options import UNSET
 from tests.helpers import (
     AN_HOUR,
     NO_DELAY,

@@ -27,9 +27,9 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import Job
-from sa_jobs.args import kind_of
+from sa_jobs._base.jsonvalue import dumps, find_unstorable
+from sa_jobs._declare.args import kind_of
 from sa_jobs.errors import InvalidJobArgsError
-from sa_jobs.jsonvalue import dumps, find_unstorable
 from sa_jobs.testing import aware_datetimes, storable_floats, storable_text, values_for_type
 from tests.helpers import count_jobs
 

@@ -15,7 +15,6 @@ import tarfile
 import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -24,13 +23,15 @@ from alembic.autogenerate import compare_metadata
 from alembic.config import Config
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import URL, Connection, Engine, create_engine, inspect, text
+from sqlalchemy import URL, Connection, Engine, create_engine, inspect, select, text
 from sqlalchemy.orm import Session
 
 import sa_jobs
+from sa_jobs._table.schema import VERSION_TABLE
+from sa_jobs._table.service_tables import WorkerProcess
 from sa_jobs.devdb import Server, throwaway_database
 from sa_jobs.errors import SchemaManagedElsewhereError, SchemaMissingError
-from sa_jobs.schema import VERSION_TABLE
+from tests.forked import alembic_main, process_context, run_forked
 from tests.helpers import engine_at, migrated_engine, url_text
 
 REPO = Path(__file__).resolve().parents[2]
@@ -201,13 +202,20 @@ def test_project_alembic_env_upgrades_to_heads_and_finds_nothing_to_generate(
     # The repository's own alembic.ini, as a developer runs it from the checkout.
     env = {**os.environ, "SA_JOBS_DATABASE_URL": url_text(blank_url)}
     env.pop("DATABASE_URL", None)
-    alembic = [sys.executable, "-m", "alembic"]
 
-    run([*alembic, "upgrade", "heads"], cwd=REPO, env=env)
+    def alembic(*argv: str) -> None:
+        # Alembic's command line in a process forked from this one (tests/forked.py):
+        # the same as `python -m alembic` without importing everything again.
+        result = run_forked(alembic_main, "alembic", argv, cwd=REPO, env=env)
+        assert result.returncode == 0, (
+            f"$ alembic {' '.join(argv)}\n{result.stdout}\n{result.stderr}"
+        )
+
+    alembic("upgrade", "heads")
     assert current_heads(blank_engine, "alembic_version") == set(shipped_scripts().get_heads())
-    run([*alembic, "check"], cwd=REPO, env=env)  # exits non-zero on any difference
+    alembic("check")  # exits non-zero on any difference
 
-    run([*alembic, "downgrade", "base"], cwd=REPO, env=env)
+    alembic("downgrade", "base")
     assert_core_objects(blank_engine, present=False)
 
 
@@ -278,8 +286,8 @@ def _migrate_with_the_others(url: str, start: Any) -> None:
 def test_concurrent_migrators_install_the_schema_once(blank_url: URL, blank_engine: Engine) -> None:
     # Separate processes, as in a deploy. Threads would also race inside Alembic itself,
     # whose `context` and `op` proxies are module globals.
-    spawn = get_context("spawn")
-    with spawn.Manager() as manager, ProcessPoolExecutor(MIGRATORS, mp_context=spawn) as pool:
+    context = process_context()
+    with context.Manager() as manager, ProcessPoolExecutor(MIGRATORS, mp_context=context) as pool:
         start = manager.Barrier(MIGRATORS, timeout=60)
         futures = [
             pool.submit(_migrate_with_the_others, url_text(blank_url), start)
@@ -441,9 +449,13 @@ def test_an_app_alembic_env_runs_the_migrations_shipped_in_the_wheel(
     assert len(expected) > 5
     for path in expected:
         assert path.relative_to(REPO).as_posix() in shipped, path
-    run([sys.executable, "-m", "venv", venv], cwd=tmp_path)
+    # A venv without pip of its own, filled by this interpreter's pip (--python): the
+    # same install of the wheel and its declared dependencies, without the seconds
+    # ensurepip and byte-compiling every dependency took (Python compiles on import).
+    run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=tmp_path)
     python = venv / "bin" / "python"
-    run([python, "-m", "pip", "install", "--quiet", wheel], cwd=tmp_path)
+    pip = [sys.executable, "-m", "pip", "--python", python, "install", "--quiet", "--no-compile"]
+    run([*pip, wheel], cwd=tmp_path)
 
     # Only the venv: no PYTHONPATH, and a working directory away from the checkout.
     env = {name: value for name, value in os.environ.items() if not name.startswith("PYTHON")}
@@ -495,3 +507,49 @@ def test_an_app_alembic_env_runs_the_migrations_shipped_in_the_wheel(
     run([*alembic, "downgrade", "base"], cwd=app, env=env)
     assert set(inspect(blank_engine).get_table_names()) == {"alembic_version"}
     assert_core_objects(blank_engine, present=False)
+
+
+def test_core_0006_adds_the_stuck_thread_columns_and_a_worker_runs_without_them(
+    blank_engine: Engine,
+) -> None:
+    """A worker of this release on a database not yet at sajobs_core_0006 heartbeats
+    without the columns, and health, stats and the ORM row read there; at 0006 the
+    heartbeat writes them."""
+
+    def heartbeat_columns() -> set[str]:
+        with blank_engine.connect() as connection:
+            return set(
+                connection.scalars(
+                    text(
+                        "SELECT column_name FROM information_schema.columns "
+                        "WHERE table_name = 'sa_job_worker'"
+                    )
+                )
+            )
+
+    sa_jobs.migrate(blank_engine, "sajobs_core_0005")
+    assert "stuck_threads" not in heartbeat_columns()
+    worker = sa_jobs.Worker(blank_engine, queues={"default": 1})
+    worker.start()
+    try:
+        with Session(blank_engine) as session:
+            assert sa_jobs.check_health(session).stuck_workers == {}
+            assert len(sa_jobs.stats(session).workers) == 1
+            assert session.scalars(select(WorkerProcess)).one().id == worker.id
+    finally:
+        worker.stop()
+
+    sa_jobs.migrate(blank_engine, "sajobs_core_0006")
+    assert {"stuck_threads", "stuck_thread_limit"} <= heartbeat_columns()
+    worker = sa_jobs.Worker(blank_engine, queues={"default": 3})
+    worker.start()
+    try:
+        with blank_engine.connect() as connection:
+            row = connection.execute(
+                select(WorkerProcess.stuck_threads, WorkerProcess.stuck_thread_limit)
+            ).one()
+        assert tuple(row) == (0, 3)
+    finally:
+        worker.stop()
+    sa_jobs.downgrade(blank_engine, "sajobs_core_0005")
+    assert "stuck_threads" not in heartbeat_columns()

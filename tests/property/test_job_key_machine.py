@@ -60,11 +60,12 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import InsertAction, InsertManyParams, InsertOpts, JobKeyMode, JobState
-from sa_jobs.complete import Ending, Outcome
-from sa_jobs.job_key import RemoveOutcome
-from sa_jobs.states import CANCEL_ATTEMPTED_KEY, JOB_KEY_REPLACED_KEY
+from sa_jobs._base.records import Ending, Outcome
+from sa_jobs._base.states import CANCEL_ATTEMPTED_KEY, JOB_KEY_REPLACED_KEY
+from sa_jobs._insert.job_key import RemoveOutcome
 from sa_jobs.worker.maintenance.scheduler import Scheduler
 from sa_jobs.worker.producer import fetch_jobs
+from tests.budget import examples
 from tests.helpers import (
     empty_job_table,
     finish_outcomes,
@@ -254,7 +255,7 @@ class Model:
         )
 
     def finish(self, job: ModelJob, ending: Ending, delay: float | None) -> None:
-        """jobs_finish's rules, in its order."""
+        """The finish statement's rules, in its order."""
         if ending is Ending.FAILED:
             job.errors += 1
         if ending is Ending.COMPLETED:
@@ -563,7 +564,7 @@ def test_job_keys_behave_like_the_model(machine_engine: Engine) -> None:
     run_state_machine_as_test(
         JobKeysMachine,
         settings=settings(
-            max_examples=80,
+            max_examples=examples(80),
             stateful_step_count=40,
             deadline=None,
             report_multiple_bugs=False,

@@ -46,13 +46,14 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import InsertManyParams, InsertOpts, JobState, SequenceOpts
-from sa_jobs.complete import Ending, Outcome
+from sa_jobs._base.records import Ending, Outcome
+from sa_jobs._base.states import FINAL_STATES
+from sa_jobs._table.models import job_table
 from sa_jobs.errors import JobStateError
-from sa_jobs.models import job_table
-from sa_jobs.states import FINAL_STATES
 from sa_jobs.worker.maintenance.scheduler import Scheduler
 from sa_jobs.worker.maintenance.sequence_repair import SequenceRepair
 from sa_jobs.worker.producer import fetch_jobs
+from tests.budget import examples
 from tests.helpers import empty_job_table, finish_outcomes, run_once
 
 KEYS = 3
@@ -328,7 +329,7 @@ def test_sequences_behave_like_the_model(engine: Engine) -> None:
     run_state_machine_as_test(
         SequenceMachine,
         settings=settings(
-            max_examples=40,
+            max_examples=examples(40),
             stateful_step_count=30,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],

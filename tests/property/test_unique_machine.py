@@ -60,13 +60,14 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import InsertManyParams, InsertOpts, JobState, UniqueOpts
-from sa_jobs.args import kind_of
-from sa_jobs.complete import Ending, Outcome
+from sa_jobs._base.records import Ending, Outcome
+from sa_jobs._base.states import UNIQUE_CONFLICT_KEY
+from sa_jobs._declare.args import kind_of
+from sa_jobs._declare.options import REQUIRED_UNIQUE_STATES
+from sa_jobs._declare.unique_sequence_keys import period_start_us
 from sa_jobs.errors import JobStateError, UniqueConflictError
-from sa_jobs.keys import period_start_us
-from sa_jobs.options import REQUIRED_UNIQUE_STATES
-from sa_jobs.states import UNIQUE_CONFLICT_KEY
 from sa_jobs.worker.maintenance.scheduler import Scheduler
+from tests.budget import examples
 from tests.helpers import (
     empty_job_table,
     fetch_one,
@@ -204,7 +205,7 @@ def resolved_unique(item: Item) -> UniqueOpts | None:
 
 
 def model_key(item: Item) -> tuple[Any, ...] | None:
-    """The model's own idea of the key (independent of sa_jobs.keys)."""
+    """The model's own idea of the key (independent of sa_jobs._declare.unique_sequence_keys)."""
     unique = resolved_unique(item)
     if unique is None or unique.is_empty:
         return None
@@ -580,7 +581,7 @@ def test_unique_jobs_behave_like_the_model(
     run_state_machine_as_test(
         UniqueJobsMachine,
         settings=settings(
-            max_examples=60,
+            max_examples=examples(60),
             stateful_step_count=30,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],

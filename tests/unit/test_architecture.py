@@ -26,11 +26,31 @@ def modules() -> dict[str, Path]:
     return found
 
 
-def imported(name: str, path: Path, known: dict[str, Path]) -> set[str]:
-    """The package's modules that ``name`` imports, anywhere in its body."""
+def _type_checking_only(tree: ast.Module) -> set[ast.AST]:
+    """The nodes under ``if TYPE_CHECKING:``: imports for annotations, never run."""
+    found: set[ast.AST] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING"):
+            for statement in node.body:
+                found.update(ast.walk(statement))
+    return found
+
+
+def imported(
+    name: str, path: Path, known: dict[str, Path], *, at_run_time: bool = False
+) -> set[str]:
+    """The package's modules that ``name`` imports, anywhere in its body.
+
+    With ``at_run_time``, imports under ``if TYPE_CHECKING:`` are left out: they name a
+    type in an annotation and never load the module.
+    """
     targets: set[str] = set()
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skipped = _type_checking_only(tree) if at_run_time else set()
+    for node in ast.walk(tree):
+        if node in skipped:
+            continue
         if isinstance(node, ast.Import):
             candidates = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -92,8 +112,10 @@ def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function(tmp_path: Path) -> 
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
     source = tmp_path / "late.py"
-    source.write_text("def f():\n    from sa_jobs import models\n")
-    assert imported("sa_jobs.late", source, {"sa_jobs.models": source}) == {"sa_jobs.models"}
+    source.write_text("def f():\n    from sa_jobs._table import models\n")
+    assert imported("sa_jobs.late", source, {"sa_jobs._table.models": source}) == {
+        "sa_jobs._table.models"
+    }
 
 
 def test_the_architecture_page_maps_every_module_and_only_those() -> None:
@@ -102,3 +124,78 @@ def test_the_architecture_page_maps_every_module_and_only_those() -> None:
     existing = {str(path.relative_to(REPO)) for path in modules().values()}
     assert sorted(existing - mapped) == [], "modules missing from docs/architecture.md"
     assert sorted(mapped - existing) == [], "docs/architecture.md names modules that do not exist"
+
+
+#: The private packages, by layer, in the order of docs/architecture.md: a module may
+#: import (at run time) from its own layer and the ones before it, never from a later one.
+#: ``sa_jobs.errors`` is a leaf; ``sa_jobs.hooks`` (public) sits between the table and
+#: inserting: the insert path calls it, and it knows rows and outcomes only as records.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("sa_jobs._base", "sa_jobs.errors"),
+    ("sa_jobs._declare",),
+    ("sa_jobs._table",),
+    ("sa_jobs.hooks",),
+    ("sa_jobs._insert",),
+    ("sa_jobs._act",),
+    ("sa_jobs._inspect",),
+)
+
+#: The documented import paths: what an application may import. Every other module
+#: is in a private package (a leading underscore) or inside one of these packages.
+PUBLIC_TOP_LEVEL = {
+    "sa_jobs",
+    "sa_jobs.alembic_env",
+    "sa_jobs.benchmark",
+    "sa_jobs.cli",
+    "sa_jobs.dashboard",
+    "sa_jobs.devdb",
+    "sa_jobs.errors",
+    "sa_jobs.hooks",
+    "sa_jobs.migrations",
+    "sa_jobs.otel",
+    "sa_jobs.periodic",
+    "sa_jobs.prometheus",
+    "sa_jobs.testing",
+    "sa_jobs.worker",
+}
+
+
+def _layer(name: str) -> int | None:
+    for index, members in enumerate(LAYERS):
+        if any(name == member or name.startswith(member + ".") for member in members):
+            return index
+    return None
+
+
+def test_every_top_level_module_is_public_or_in_a_private_package() -> None:
+    top = {".".join(name.split(".")[:2]) for name in modules()}
+    private = {name for name in top if name.split(".")[-1].startswith("_")}
+    assert sorted(top - private - PUBLIC_TOP_LEVEL) == [], "a new top-level module: public?"
+    assert sorted(private) == sorted(
+        member for layer in LAYERS for member in layer if member.split(".")[-1].startswith("_")
+    )
+
+
+def test_no_layer_imports_a_later_one() -> None:
+    known = modules()
+    wrong = []
+    for name, path in sorted(known.items()):
+        own = _layer(name)
+        if own is None:
+            continue
+        for target in sorted(imported(name, path, known, at_run_time=True)):
+            theirs = _layer(target)
+            if theirs is None or theirs > own:
+                wrong.append(f"{name} -> {target}")
+    assert wrong == []
+
+
+def test_hooks_and_the_integrations_know_rows_and_outcomes_only_as_records() -> None:
+    # JobRow, the outcome types and InsertResult live in sa_jobs._base.records, so what
+    # observes inserts and attempts never loads the code that makes them. Prometheus
+    # reads the queue controls' tables (paused, unserved) through sa_jobs._act.queues.
+    known = modules()
+    for name in ("sa_jobs.hooks", "sa_jobs.otel", "sa_jobs.prometheus"):
+        found = imported(name, known[name], known)
+        assert sorted(t for t in found if t.startswith("sa_jobs._insert")) == [], name
+        assert sorted(t for t in found if t.startswith("sa_jobs._act.complete")) == [], name

@@ -21,9 +21,11 @@ import pytest
 from sqlalchemy.dialects import postgresql
 
 import sa_jobs
-from sa_jobs.args import FIELD_METADATA_KEY, default_registry, kind_of
-from sa_jobs.convert import ArgsConverter, default_converter
-from sa_jobs.durations import MAX_TIMEOUT
+from sa_jobs._base.durations import MAX_TIMEOUT
+from sa_jobs._base.jsonvalue import dumps
+from sa_jobs._declare.args import FIELD_METADATA_KEY, default_registry, kind_of
+from sa_jobs._declare.convert import ArgsConverter, default_converter
+from sa_jobs._declare.options import UNSET, InsertOpts, KindDefaults, ResolvedInsert
 from sa_jobs.errors import (
     DuplicateKindError,
     InvalidJobArgsError,
@@ -31,8 +33,6 @@ from sa_jobs.errors import (
     SaJobsError,
     UnknownKindError,
 )
-from sa_jobs.jsonvalue import dumps
-from sa_jobs.options import UNSET, InsertOpts, KindDefaults, ResolvedInsert
 from tests.unit import future_annotated_args
 
 # Most classes here go into a private registry so the suite's global registry stays clean.

@@ -23,9 +23,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import sa_jobs
-from sa_jobs.args import kind_of
+from sa_jobs._base.jsonvalue import dumps
+from sa_jobs._declare.args import kind_of
 from sa_jobs.errors import InvalidJobArgsError
-from sa_jobs.jsonvalue import dumps
 from sa_jobs.testing import aware_datetimes, storable_text
 from tests.args_compare import comparable
 from tests.doc_recipes import load_recipe

@@ -12,10 +12,10 @@ import pytest
 
 import sa_jobs
 from sa_jobs import InsertOpts, Job, UniqueOpts
-from sa_jobs.args import kind_of
-from sa_jobs.complete import Ending
-from sa_jobs.durations import LATEST_INSTANT, MAX_DELAY, MAX_TTL
-from sa_jobs.error_records import MAX_MESSAGE, MAX_TRACE, describe, error_record, storable
+from sa_jobs._base.durations import LATEST_INSTANT, MAX_DELAY, MAX_TTL
+from sa_jobs._base.error_records import MAX_MESSAGE, MAX_TRACE, describe, error_record, storable
+from sa_jobs._base.records import Ending
+from sa_jobs._declare.args import kind_of
 from sa_jobs.errors import InvalidJobArgsError, InvalidOptionsError, JobCancel, JobSnooze
 from sa_jobs.worker.execution import Execution, Interrupt
 from sa_jobs.worker.handlers import Handler

@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from sa_jobs.complete import Ending, Outcome
+from sa_jobs._base.records import Ending, Outcome
 from sa_jobs.worker.completer import BatchCompleter, InlineCompleter, OutcomeWriter
 from tests.helpers import eventually
 

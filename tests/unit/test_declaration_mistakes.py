@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import Job
-from sa_jobs.args import kind_of
+from sa_jobs._declare.args import kind_of
 from sa_jobs.errors import DuplicateHandlerError, InvalidJobArgsError, InvalidOptionsError
 from sa_jobs.worker.handlers import HandlerRegistry
 

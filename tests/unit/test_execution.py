@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 
 import sa_jobs
-from sa_jobs.args import kind_of
-from sa_jobs.complete import Ending, Outcome
+from sa_jobs._base.records import Ending, Outcome
+from sa_jobs._declare.args import kind_of
+from sa_jobs._table.models import Job
 from sa_jobs.errors import (
     JobCancel,
     JobCancelledError,
@@ -31,8 +32,8 @@ from sa_jobs.errors import (
     JobTimeoutError,
     WorkerShutdownError,
 )
-from sa_jobs.models import Job
-from sa_jobs.worker.execution import Execution, Interrupt, run_async, run_sync
+from sa_jobs.worker.execution import Execution, Interrupt
+from sa_jobs.worker.handler_runs import run_async, run_sync
 from sa_jobs.worker.handlers import Handler
 
 JOB_ID = 7

@@ -18,10 +18,10 @@ import pytest
 from sqlalchemy import create_engine
 
 import sa_jobs
+from sa_jobs._act.queues import LIVE_WORKER_WINDOW
+from sa_jobs._inspect.health import HealthLevel, HealthThresholds, evaluate
 from sa_jobs.cli import processes
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.health import HealthLevel, HealthThresholds, evaluate
-from sa_jobs.queues import LIVE_WORKER_WINDOW
 from sa_jobs.worker.maintenance.loop import MIN_PERIODIC_RETIRE_AFTER
 from sa_jobs.worker.maintenance.periodic import REGISTER_INTERVAL
 

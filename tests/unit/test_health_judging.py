@@ -9,10 +9,10 @@ import datetime as dt
 
 import pytest
 
+from sa_jobs._inspect.health import HealthLevel, HealthThresholds, evaluate
+from sa_jobs._inspect.horizon import DeadTuples, HolderKind, HorizonHolder, vacuum_trigger
 from sa_jobs.cli.settings import duration
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.health import HealthLevel, HealthThresholds, evaluate
-from sa_jobs.horizon import DeadTuples, HolderKind, HorizonHolder, vacuum_trigger
 
 MINUTE = dt.timedelta(minutes=1)
 DEFAULTS = HealthThresholds()

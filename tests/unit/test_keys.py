@@ -1,6 +1,7 @@
 """Unique keys: the canonical bytes, byte for byte, and their independence from the host.
 
-The format is documented in ``sa_jobs/keys.py`` and ``docs/unique-jobs.md``; these tests
+The format is documented in ``sa_jobs/_declare/unique_sequence_keys.py`` and
+``docs/unique-jobs.md``; these tests
 hold the code to it. Keys are computed through ``sa_jobs.testing.canonical_unique_key``,
 which resolves options exactly as an insert does (call site, then the kind's defaults).
 """
@@ -23,10 +24,10 @@ from hypothesis import strategies as st
 
 import sa_jobs
 from sa_jobs import JobState, UniqueOpts
-from sa_jobs.args import KindRegistry
+from sa_jobs._declare.args import KindRegistry
+from sa_jobs._declare.options import DEFAULT_UNIQUE_STATES, REQUIRED_UNIQUE_STATES
+from sa_jobs._declare.unique_sequence_keys import canonical_args, period_start_us
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.keys import canonical_args, period_start_us
-from sa_jobs.options import DEFAULT_UNIQUE_STATES, REQUIRED_UNIQUE_STATES
 from sa_jobs.testing import (
     args_values,
     canonical_unique_key,

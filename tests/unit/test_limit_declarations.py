@@ -11,10 +11,10 @@ from sqlalchemy import create_engine
 
 import sa_jobs
 from sa_jobs import ConcurrencyLimit, RateLimit, Worker
-from sa_jobs.bulk import JobFilter
+from sa_jobs._act.by_filter import JobFilter
+from sa_jobs._declare.limits import LimitScope
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.limits import LimitScope
-from sa_jobs.worker.limited_fetch import WINDOWS_PER_PERIOD, _window_of, plan_limits
+from sa_jobs.worker.limited_fetch import WINDOWS_PER_PERIOD, plan_limits, window_of
 from tests.doc_recipes import load_recipe
 
 ENGINE = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/never")
@@ -128,10 +128,10 @@ def test_a_queue_and_a_rate_limit_on_one_scope_are_one_rule() -> None:
 def test_rate_windows_are_a_twentieth_of_the_period_and_contain_their_instant() -> None:
     per = dt.timedelta(minutes=1)
     at = dt.datetime(2026, 3, 29, 1, 59, 59, 999_999, tzinfo=dt.UTC)
-    start, end = _window_of(at, per)
+    start, end = window_of(at, per)
     assert end - start == per / WINDOWS_PER_PERIOD
     assert start <= at < end
-    assert _window_of(end, per)[0] == end
+    assert window_of(end, per)[0] == end
 
 
 def test_the_docs_recipe_declares_three_limits() -> None:
@@ -146,7 +146,7 @@ def test_the_docs_recipe_declares_three_limits() -> None:
 
 @pytest.mark.parametrize("kind", [NotArgs, NotArgs(), "", "   ", "k" * 200, "nul\x00"])
 def test_a_bad_kind_gets_the_same_error_from_a_limit_and_a_bulk_filter(kind: object) -> None:
-    # One resolver (sa_jobs.args.check_kind) for every option that names a kind.
+    # One resolver (sa_jobs._declare.args.check_kind) for every option that names a kind.
     with pytest.raises(InvalidOptionsError) as from_limit:
         ConcurrencyLimit(kind=kind, max_running=1)  # type: ignore[arg-type]
     with pytest.raises(InvalidOptionsError) as from_filter:

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 
 import sa_jobs
-from sa_jobs.args import kind_of
-from sa_jobs.durations import EARLIEST_INSTANT, LATEST_INSTANT, MAX_TIMEOUT, MAX_TTL
-from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.option_checks import check_timeout
-from sa_jobs.options import (
+from sa_jobs._base.durations import EARLIEST_INSTANT, LATEST_INSTANT, MAX_TIMEOUT, MAX_TTL
+from sa_jobs._base.states import JobState
+from sa_jobs._declare.args import kind_of
+from sa_jobs._declare.option_checks import check_timeout
+from sa_jobs._declare.options import (
     DEFAULT_UNIQUE_STATES,
     REQUIRED_UNIQUE_STATES,
     InsertOpts,
@@ -33,7 +33,7 @@ from sa_jobs.options import (
     SequenceOpts,
     UniqueOpts,
 )
-from sa_jobs.states import JobState
+from sa_jobs.errors import InvalidOptionsError
 
 ONE_MICROSECOND = dt.timedelta(microseconds=1)
 

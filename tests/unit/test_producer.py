@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from sa_jobs.models import Job
+from sa_jobs._table.models import Job
 from sa_jobs.worker import producer as producer_module
 from sa_jobs.worker.producer import Producer
 from sa_jobs.worker.service import Backoff
@@ -345,3 +345,18 @@ def test_stopping_cuts_a_backoff_wait_short(
 
     assert not producer.running
     assert time.monotonic() - started < 0.5
+
+
+def test_a_producer_with_many_slots_fills_them_in_batches_of_at_most_the_fetch_maximum(
+    running: Callable[[Producer], Producer],
+) -> None:
+    # Hundreds of jobs handed off at once wake as many handler threads at once, which then
+    # queue for the GIL ahead of the producer and the completer: a worker with 500 slots
+    # drained slower than one with 200. Its batches are capped; its slots still fill.
+    fake = FakeQueue(due=1_000)
+    producer = running(a_producer(fake, concurrency=500, poll_interval=30))
+    producer.wake()
+
+    assert eventually(lambda: producer.free == 0)
+    assert fake.limits == [producer_module.FETCH_BATCH_MAX] * 5
+    assert producer_module.FETCH_BATCH_MAX == 100

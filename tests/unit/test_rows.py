@@ -1,9 +1,9 @@
 """From job args and options to the rows the insert statement reads, without a database.
 
-:mod:`sa_jobs.rows` turns each job into one validated JSON row; a row carries the core
+:mod:`sa_jobs._insert.rows` turns each job into one validated JSON row; a row carries the core
 fields always and a feature's fields only when the job uses that feature, so rows stay
 small and a database without the feature branches can take plain rows.
-:mod:`sa_jobs.insert_statement` decides the statement's shape from the rows, binds them
+:mod:`sa_jobs._insert.insert_statement` decides the statement's shape from the rows, binds them
 as one parameter, and maps the rows a unique statement returned in key order back to
 input order. What the database then does with the rows is covered by
 ``tests/integration/test_insert.py``.
@@ -21,19 +21,26 @@ from zoneinfo import ZoneInfo
 import pytest
 
 import sa_jobs
-from sa_jobs import rows as rows_module
-from sa_jobs.args import kind_of
-from sa_jobs.errors import InvalidJobArgsError, InvalidOptionsError
-from sa_jobs.insert_statement import ROWS_PARAM, InsertShape, in_input_order, rows_param, shape_of
-from sa_jobs.models import Job
-from sa_jobs.options import (
+from sa_jobs._base.records import JobRow
+from sa_jobs._declare.args import kind_of
+from sa_jobs._declare.options import (
     DEFAULT_UNIQUE_STATES,
     REQUIRED_UNIQUE_STATES,
     InsertOpts,
     JobKeyMode,
     insert_opts,
 )
-from sa_jobs.rows import JobRow, build_rows, row_for, row_of_job
+from sa_jobs._insert import rows as rows_module
+from sa_jobs._insert.insert_statement import (
+    ROWS_PARAM,
+    InsertShape,
+    in_input_order,
+    rows_param,
+    shape_of,
+)
+from sa_jobs._insert.rows import build_rows, row_for, row_of_job
+from sa_jobs._table.models import Job
+from sa_jobs.errors import InvalidJobArgsError, InvalidOptionsError
 
 REGISTRY = sa_jobs.KindRegistry()
 

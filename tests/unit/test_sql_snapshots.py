@@ -25,20 +25,20 @@ from typing import Any
 import pytest
 from sqlalchemy.dialects.postgresql import psycopg
 
-from sa_jobs.complete import completed_statement, finish_statement
-from sa_jobs.insert_statement import _ROW_COLUMNS, ROWS_PARAM, InsertShape, insert_statement
-from sa_jobs.limits import ConcurrencyLimit, RateLimit
-from sa_jobs.options import JobKeyMode
-from sa_jobs.schema import ALL_FEATURES, NO_FEATURES, Features
-from sa_jobs.sequence import (
+from sa_jobs._act.complete import _steps_statement, completed_statement, finish_statement
+from sa_jobs._base.sql import json_recordset
+from sa_jobs._declare.limits import ConcurrencyLimit, RateLimit
+from sa_jobs._declare.options import JobKeyMode
+from sa_jobs._insert.insert_statement import _ROW_COLUMNS, ROWS_PARAM, InsertShape, insert_statement
+from sa_jobs._insert.sequence import (
     ids_param,
     jobs_advance_sequences,
     lock_keys,
     lock_keys_in,
     lock_keys_of_jobs,
 )
-from sa_jobs.sql import json_recordset
-from sa_jobs.unique import release_expired_locks
+from sa_jobs._insert.unique import release_expired_locks
+from sa_jobs._table.schema import ALL_FEATURES, NO_FEATURES, Features
 from sa_jobs.worker.limited_fetch import (
     count_starts,
     jobs_fetch_limited,
@@ -81,7 +81,7 @@ def _insert_rows() -> Any:
 #: Snapshot name -> a builder of the statement. Builders run inside the tests, so one
 #: that breaks fails its own test rather than the collection of all of them.
 STATEMENTS: dict[str, Callable[[], Any]] = {
-    # sa_jobs.insert_statement: one statement per shape. insert_many sends
+    # sa_jobs._insert.insert_statement: one statement per shape. insert_many sends
     # shape_of(rows); insert_job sends a single row with lock_sequences=True.
     "insert_plain": lambda: insert_statement(InsertShape()),
     "insert_unique": lambda: insert_statement(InsertShape(unique=True)),
@@ -97,20 +97,25 @@ STATEMENTS: dict[str, Callable[[], Any]] = {
     "insert_unique_sequenced_numbered": lambda: insert_statement(
         InsertShape(unique=True, sequenced=True, numbered=True)
     ),
-    # Keyed adds (sa_jobs.job_key.keyed_upsert), one statement per mode.
+    # Keyed adds (sa_jobs._insert.job_key.keyed_upsert), one statement per mode.
     **{
         f"insert_keyed_{mode.value}": (
             lambda mode=mode: insert_statement(InsertShape(job_key_mode=mode))
         )
         for mode in JobKeyMode
     },
-    # sa_jobs.complete
+    # sa_jobs._act.complete
     "finish": lambda: finish_statement(),
     "finish_sequence": lambda: finish_statement(sequence=True),
     "finish_job_key": lambda: finish_statement(job_key=True),
     "finish_sequence_job_key": lambda: finish_statement(sequence=True, job_key=True),
     "finish_completed": lambda: completed_statement(),
     "finish_completed_sequence_job_key": lambda: completed_statement(sequence=True, job_key=True),
+    # A batch of completed workflow steps: finish, release, counters, callbacks at once.
+    "finish_completed_steps_job_key": lambda: _steps_statement(
+        job_key=True, output=False, plain=True
+    ),
+    "finish_steps_output": lambda: _steps_statement(job_key=False, output=True, plain=False),
     # sa_jobs.worker.producer
     "fetch_available_core": lambda: jobs_fetch_available(NO_FEATURES),
     "fetch_available_all_features": lambda: jobs_fetch_available(ALL_FEATURES),
@@ -126,12 +131,12 @@ STATEMENTS: dict[str, Callable[[], Any]] = {
     "orphaned": lambda: jobs_orphaned(RESCUE_AFTER, LIMIT),
     "orphaned_own": lambda: jobs_orphaned(RESCUE_AFTER, LIMIT, own=("worker-1", JOB_IDS)),
     "stalled_sequences": lambda: jobs_stalled_sequences(LIMIT),
-    # sa_jobs.sequence
+    # sa_jobs._insert.sequence
     "lock_keys": lambda: lock_keys(SEQUENCE_KEYS),
     "lock_keys_in": lambda: lock_keys_in(_insert_rows().c.sequence_key),
     "lock_keys_of_jobs": lambda: lock_keys_of_jobs(ids_param(JOB_IDS)),
     "advance_sequences": lambda: jobs_advance_sequences(JOB_IDS),
-    # sa_jobs.unique: the CTE of a unique insert, here over the unparsed rows.
+    # sa_jobs._insert.unique: the CTE of a unique insert, here over the unparsed rows.
     "release_expired_locks": lambda: release_expired_locks(_insert_rows()),
 }
 

@@ -36,15 +36,29 @@ def test_a_user_module_type_checks_and_sees_the_types_a_user_expects() -> None:
     expected = [
         "str",  # job.args.to in a handler of Job[SendEmail]
         "int",  # what a decorated async handler returns, awaited
-        "sa_jobs.insert.InsertResult[tests.typing.user_app.SendEmail]",
+        "sa_jobs._base.records.InsertResult[tests.typing.user_app.SendEmail]",
         "str",  # result.job.args.to
-        "list[sa_jobs.insert.InsertResult[Any]]",
-        "sa_jobs.models.Job[tests.typing.user_app.SendEmail]",  # enqueue()
-        "sa_jobs.models.Job[Any]",  # cancel_job()
-        "sa_jobs.insert.InsertResult[tests.typing.user_app.SendEmail]",  # awaited
-        "typing.Coroutine[Any, Any, sa_jobs.insert.InsertResult[tests.typing.user_app.SendEmail]]",
-        "sa_jobs.models.Job[Any]",  # await retry_job()
-        "sa_jobs.job_key.RemoveOutcome",
+        "list[sa_jobs._base.records.InsertResult[Any]]",
+        "sa_jobs._table.models.Job[tests.typing.user_app.SendEmail]",  # enqueue()
+        "sa_jobs._table.models.Job[Any]",  # cancel_job()
+        "sa_jobs._base.records.InsertResult[tests.typing.user_app.SendEmail]",  # awaited
+        "typing.Coroutine[Any, Any, "
+        "sa_jobs._base.records.InsertResult[tests.typing.user_app.SendEmail]]",
+        "sa_jobs._table.models.Job[Any]",  # await retry_job()
+        "sa_jobs._insert.job_key.RemoveOutcome",
+    ]
+    assert revealed == [f'Revealed type is "{t}"' for t in expected]
+
+
+def test_a_ref_loads_as_its_model() -> None:
+    found = mypy("user_refs.py")
+    assert [entry for entry in found if entry[1] == "error"] == []
+    revealed = [message for _, kind, message in found if message.startswith("Revealed type")]
+    expected = [
+        "list[sa_jobs._table.models.Job[Any]]",  # jobs_for()
+        "tests.typing.user_refs.Invoice",  # ref.load(session, for_update=True)
+        "tests.typing.user_refs.Invoice | None",  # ref.get(session)
+        "tests.typing.user_refs.Invoice",  # await ref.load(async_session)
     ]
     assert revealed == [f'Revealed type is "{t}"' for t in expected]
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from sqlalchemy import make_url
 
+from sa_jobs._base.urls import in_driver, servers
 from sa_jobs.devdb import normalize_url
-from sa_jobs.urls import in_driver
 
 
 def test_an_asyncpg_url_becomes_a_libpq_one_keeping_what_libpq_knows() -> None:
@@ -51,3 +52,18 @@ def test_the_command_line_and_test_tools_accept_an_async_apps_url() -> None:
     assert dict(normalize_url("postgresql+asyncpg://h/d?ssl=disable").query) == {
         "sslmode": "disable"
     }
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("postgresql+psycopg://u@db:5433/jobs", "db:5433"),
+        ("postgresql+psycopg://u@/jobs", "localhost:5432"),
+        ("postgresql+psycopg://u@/jobs?host=a:5432&host=b:5433", "a:5432,b:5433"),
+        ("postgresql+psycopg://u@/jobs?host=a,b&port=5432,5433", "a:5432,b:5433"),
+        ("postgresql+psycopg://u@/jobs?host=a&host=b&port=6000", "a:6000,b:6000"),
+        ("postgresql+psycopg://u@/jobs?host=/run/postgresql", "/run/postgresql:5432"),
+    ],
+)
+def test_messages_name_every_server_of_a_multi_host_url(url: str, said: str) -> None:
+    assert servers(make_url(url)) == said

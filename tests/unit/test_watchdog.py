@@ -22,10 +22,11 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import sa_jobs
-from sa_jobs.args import kind_of
-from sa_jobs.complete import Ending, Outcome
-from sa_jobs.models import Job
-from sa_jobs.worker.execution import Execution, Interrupt, run_sync
+from sa_jobs._base.records import Ending, Outcome
+from sa_jobs._declare.args import kind_of
+from sa_jobs._table.models import Job
+from sa_jobs.worker.execution import Execution, Interrupt
+from sa_jobs.worker.handler_runs import run_sync
 from sa_jobs.worker.handlers import Handler
 from sa_jobs.worker.retry import DEFAULT_RETRY_POLICY
 from sa_jobs.worker.watchdog import Watchdog

@@ -25,11 +25,11 @@ import pydantic
 import pytest
 
 import sa_jobs
-from sa_jobs.args import kind_of
+from sa_jobs._base.jsonvalue import dumps
+from sa_jobs._declare.args import kind_of
+from sa_jobs._insert.rows import build_rows, row_of_job
+from sa_jobs._table.models import Job
 from sa_jobs.errors import InvalidJobArgsError
-from sa_jobs.jsonvalue import dumps
-from sa_jobs.models import Job
-from sa_jobs.rows import build_rows, row_of_job
 from tests.doc_recipes import load_recipe
 
 REGISTRY = sa_jobs.KindRegistry()

@@ -1,4 +1,5 @@
-"""Deleting finished jobs after their retention, and forgetting long-gone workers."""
+"""Deleting finished jobs after their retention (with their workflows' edges and the
+workflows they leave empty), and forgetting long-gone workers."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import datetime as dt
 import attrs
 from sqlalchemy import Connection, delete, func, select
 
-from sa_jobs.models import Job, WorkerProcess
-from sa_jobs.schema import ALL_FEATURES, Features
-from sa_jobs.sql import seconds_interval
-from sa_jobs.states import JobState
+from sa_jobs._act.workflow_retention import forget_deleted_steps, kept_by_workflow
+from sa_jobs._base.sql import seconds_interval
+from sa_jobs._base.states import JobState
+from sa_jobs._table.models import Job, state_is
+from sa_jobs._table.schema import ALL_FEATURES, Features
+from sa_jobs._table.service_tables import WorkerProcess
 
 __all__ = ["Cleaner", "Retention"]
 
@@ -46,11 +49,15 @@ class Cleaner:
         ):
             if keep is None:
                 continue
-            conditions = [Job.state == state, Job.finalized_at < _older_than(keep)]
+            conditions = [state_is(Job.state, state), Job.finalized_at < _older_than(keep)]
             if self.features.sequence:
                 # A job that halted its sequence is kept until someone resolves it:
                 # deleting it would silently restart the sequence.
                 conditions.append(~Job.sequence_slot)
+            if self.features.workflow:
+                # A step of an unfinished workflow is kept with its output: a step still
+                # to run may read it (output_of); the workflow goes as a whole later.
+                conditions.append(~kept_by_workflow())
             # Oldest first, in the order of sa_job_finalized_idx (state, finalized_at):
             # the batch is then a range of that index, stopped at the limit. Without the
             # ORDER BY the planner, seeing millions of expired rows, chose a sequential
@@ -65,7 +72,15 @@ class Cleaner:
                 .with_for_update(skip_locked=True)
                 .scalar_subquery()
             )
-            deleted += connection.execute(delete(Job).where(Job.id.in_(expired))).rowcount
+            statement = delete(Job).where(Job.id.in_(expired))
+            if not self.features.workflow:
+                deleted += connection.execute(statement).rowcount
+                continue
+            # The steps' edges and the workflows this leaves empty go in the same
+            # transaction, bounded by the batch: no orphan rows, no scan of the tables.
+            rows = connection.execute(statement.returning(Job.id, Job.workflow_id)).all()
+            forget_deleted_steps(connection, [(row.id, row.workflow_id) for row in rows])
+            deleted += len(rows)
         connection.execute(
             delete(WorkerProcess).where(
                 WorkerProcess.heartbeat_at < _older_than(dt.timedelta(days=1))

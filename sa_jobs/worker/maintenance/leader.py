@@ -10,8 +10,8 @@ from __future__ import annotations
 from sqlalchemy import Connection, case, delete, func
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from sa_jobs.models import Leader
-from sa_jobs.sql import seconds_interval
+from sa_jobs._base.sql import seconds_interval
+from sa_jobs._table.service_tables import Leader
 
 __all__ = ["LeaderElection"]
 

@@ -23,14 +23,15 @@ from collections.abc import Callable, Sequence
 import attrs
 from sqlalchemy import Connection, Engine
 
+from sa_jobs._table.schema import Features
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.schema import Features
-from sa_jobs.worker.backoff import is_transient
+from sa_jobs.worker.db_access import autocommit, is_transient
 from sa_jobs.worker.maintenance.cleaner import Cleaner, Retention
 from sa_jobs.worker.maintenance.heartbeat import Heartbeat
 from sa_jobs.worker.maintenance.leader import LeaderElection
 from sa_jobs.worker.maintenance.missed_cancels import MissedCancels
 from sa_jobs.worker.maintenance.periodic import REGISTER_INTERVAL, PeriodicRetirer
+from sa_jobs.worker.maintenance.reindexer import Reindexer, ReindexSettings
 from sa_jobs.worker.maintenance.rescuer import Rescuer, RetryDelay
 from sa_jobs.worker.maintenance.scheduler import Scheduler
 from sa_jobs.worker.maintenance.sequence_repair import SequenceRepair
@@ -72,6 +73,11 @@ class MaintenanceConfig:
             :data:`MIN_PERIODIC_RETIRE_AFTER` (two minutes): running workers mark their
             periodic jobs seen once a minute, and a row retired under a running worker
             loses its state (an interval's phase restarts, ``run_on_start`` fires again).
+        reindex_interval: How often the leader checks the hot partial indexes for bloat
+            and rebuilds the bloated ones with ``REINDEX INDEX CONCURRENTLY``
+            (:mod:`.reindexer`); ``None`` (the default) never does. Needs the worker's
+            role to own ``sa_job``.
+        reindex: When an index counts as bloated.
     """
 
     heartbeat_interval: float = attrs.field(default=5.0, validator=_positive)
@@ -83,6 +89,10 @@ class MaintenanceConfig:
     retention: Retention = attrs.field(factory=Retention)
     periodic_interval: float = attrs.field(default=1.0, validator=_positive)
     periodic_retire_after: float = attrs.field(default=7 * 24 * 3600.0, validator=_positive)
+    reindex_interval: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_positive)
+    )
+    reindex: ReindexSettings = attrs.field(factory=ReindexSettings)
 
     def __attrs_post_init__(self) -> None:
         if self.rescue_after <= 2 * self.heartbeat_interval:
@@ -180,6 +190,34 @@ class MaintenanceLoop(Service):
                 )
             )
 
+        self.reindexer = Reindexer(config.reindex)
+        self._reindexing: threading.Thread | None = None
+        if config.reindex_interval is not None:
+            self._leader_steps.append(
+                _Periodic("reindex", config.reindex_interval, self._start_reindex)
+            )
+
+    def _start_reindex(self, _connection: Connection) -> int:
+        """Start a reindex pass on a thread of its own, unless one still runs: a rebuild
+        reads the whole table twice and must not hold up the heartbeat."""
+        if self._reindexing is not None and self._reindexing.is_alive():
+            return 0
+        self._reindexing = threading.Thread(
+            target=self.reindex_now, name="sa_jobs-reindexer", daemon=True
+        )
+        self._reindexing.start()
+        return 0
+
+    def reindex_now(self) -> int:
+        """One reindex pass, on an autocommit connection (``REINDEX CONCURRENTLY`` cannot
+        run in a transaction block); errors are logged, not raised."""
+        try:
+            with autocommit(self._engine).connect() as connection:
+                return self.reindexer.run_once(connection)
+        except Exception as exc:
+            log.error("maintenance step reindex failed: %s", exc)
+            return 0
+
     def start(self) -> None:
         # The heartbeat row must exist before the first fetch, or a rescuer elsewhere could
         # take this process's first jobs for orphans.
@@ -234,11 +272,15 @@ class MaintenanceLoop(Service):
     def _step(self, name: str, action: Callable[[Connection], int | None]) -> int:
         try:
             with self._engine.begin() as connection:
-                return action(connection) or 0
+                done = action(connection) or 0
         except Exception as exc:
-            level = logging.WARNING if is_transient(exc) else logging.ERROR
-            log.log(level, "maintenance step %s failed: %s", name, exc)
+            if is_transient(exc):
+                self.outage.failed("maintenance", f"maintenance step {name} failed: {exc}")
+            else:
+                log.error("maintenance step %s failed: %s", name, exc)
             return 0
+        self.outage.succeeded()
+        return done
 
 
 def _jobs(count: int) -> str:

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 from sqlalchemy import Connection, select
 
-from sa_jobs.models import Job
-from sa_jobs.states import CANCEL_ATTEMPTED_KEY
+from sa_jobs._base.states import CANCEL_ATTEMPTED_KEY
+from sa_jobs._table.models import Job
 
 __all__ = ["MissedCancels"]
 

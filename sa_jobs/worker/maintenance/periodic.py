@@ -22,8 +22,8 @@ from typing import Any
 
 from sqlalchemy import Connection, func, select, text
 
-from sa_jobs.insert import Returned, write_rows
-from sa_jobs.models import EXISTED_COLUMN
+from sa_jobs._insert.insert import ROW_COLUMNS, core_run, write_rows
+from sa_jobs._insert.rows import build_rows
 from sa_jobs.periodic.definition import PeriodicJob
 from sa_jobs.periodic.plan import Fire, plan
 from sa_jobs.periodic.state import (
@@ -37,7 +37,6 @@ from sa_jobs.periodic.state import (
     periodic_register,
     periodic_retire,
 )
-from sa_jobs.rows import build_rows
 
 __all__ = ["Clock", "PeriodicRetirer", "PeriodicTicker", "database_clock"]
 
@@ -210,15 +209,8 @@ class PeriodicTicker:
             return []
         rows = build_rows([(job.build_args(), job.insert_opts(fire)) for fire in fires])
 
-        def run(statement: Any, params: dict[str, Any], _keyed: bool) -> list[Returned]:
-            found = connection.execute(statement, params).mappings()
-            return [
-                Returned(r, bool(r[EXISTED_COLUMN]), r.get("job_key"), r.get("revision"))
-                for r in found
-            ]
-
-        written = write_rows(connection, rows, run)
-        ids = [int(entry.returned.job["id"]) for entry in written]
+        written = write_rows(connection, rows, core_run(connection), ROW_COLUMNS)
+        ids = [ROW_COLUMNS.id_of(entry.returned.job) for entry in written]
         connection.execute(periodic_record_job(job.name, ids[-1], now))
         return ids
 

@@ -13,7 +13,7 @@ import threading
 
 from sqlalchemy import Engine
 
-from sa_jobs.worker.backoff import is_transient
+from sa_jobs.worker.db_access import is_transient
 from sa_jobs.worker.maintenance.periodic import PeriodicTicker
 from sa_jobs.worker.service import Service
 
@@ -46,9 +46,12 @@ class PeriodicThread(Service):
             with self._engine.begin() as connection:
                 count = self.ticker.run_once(connection)
         except Exception as exc:
-            level = logging.WARNING if is_transient(exc) else logging.ERROR
-            log.log(level, "periodic jobs: tick failed: %s", exc)
+            if is_transient(exc):
+                self.outage.failed("periodic", f"periodic jobs: tick failed: {exc}")
+            else:
+                log.error("periodic jobs: tick failed: %s", exc)
             return 0
+        self.outage.succeeded()
         if count:
             log.info("periodic jobs: %d %s", count, "job" if count == 1 else "jobs")
         return count

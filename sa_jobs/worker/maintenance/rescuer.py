@@ -8,7 +8,7 @@ A live worker's jobs are never touched, however long they run — the worker enf
 their timeouts itself.
 
 A rescue is a failed attempt like any other, written by the same transition the
-completer uses (:func:`sa_jobs.complete.finish_in`): the job becomes ``retryable``,
+completer uses (:func:`sa_jobs._act.complete.finish_in`): the job becomes ``retryable``,
 due after its retry policy's delay (the handler's policy if this process has a handler
 for the kind, else the worker's), ``discarded`` if it has no attempts left, or
 ``cancelled`` if someone asked; the reason is appended to its ``errors``.
@@ -23,13 +23,15 @@ from sqlalchemy import Connection, Select, and_, exists, func, select
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.expression import ColumnElement
 
-from sa_jobs.complete import Ending, Outcome, finish_in
-from sa_jobs.error_records import message_record
-from sa_jobs.models import Job, WorkerProcess
-from sa_jobs.schema import ALL_FEATURES, Features
-from sa_jobs.sequence import lock_sequences_of_jobs
-from sa_jobs.sql import seconds_interval
-from sa_jobs.states import JobState
+from sa_jobs._act.complete import finish_in
+from sa_jobs._base.error_records import message_record
+from sa_jobs._base.records import Ending, Outcome
+from sa_jobs._base.sql import seconds_interval
+from sa_jobs._base.states import JobState
+from sa_jobs._insert.sequence import lock_sequences_of_jobs
+from sa_jobs._table.models import Job, state_is
+from sa_jobs._table.schema import ALL_FEATURES, Features
+from sa_jobs._table.service_tables import WorkerProcess
 from sa_jobs.worker.retry import DEFAULT_RETRY_POLICY, retry_delay
 
 __all__ = ["Rescuer", "jobs_orphaned"]
@@ -53,7 +55,7 @@ def _orphaned(
         worker_id, held = own
         lost = and_(last_worker == worker_id, Job.id.not_in(list(held)))
     return [
-        Job.state == JobState.RUNNING,
+        state_is(Job.state, JobState.RUNNING),
         Job.attempted_at < func.now() - seconds_interval(rescue_after),
         lost,
     ]

@@ -13,10 +13,11 @@ from typing import Any
 
 from sqlalchemy import Connection, Select, Text, case, func, literal, null, select, update
 
-from sa_jobs.models import Job, entering, holds_unique_key, job_table
-from sa_jobs.schema import ALL_FEATURES, INSERT_CHANNEL, Features
-from sa_jobs.sequence import advance_sequences
-from sa_jobs.states import UNIQUE_CONFLICT_KEY, JobState
+from sa_jobs._base.states import UNIQUE_CONFLICT_KEY, JobState
+from sa_jobs._insert.sequence import advance_sequences
+from sa_jobs._table.feature_indexes import holds_unique_key
+from sa_jobs._table.models import Job, entering, job_table, state_is
+from sa_jobs._table.schema import ALL_FEATURES, INSERT_CHANNEL, Features
 
 __all__ = ["Scheduler", "jobs_schedule_due"]
 
@@ -30,7 +31,7 @@ def jobs_schedule_due(limit: int, *, unique: bool = False) -> Select[Any]:
     due = (
         select(Job.id)
         .where(
-            Job.state.in_([JobState.SCHEDULED, JobState.RETRYABLE]),
+            state_is(Job.state, JobState.SCHEDULED, JobState.RETRYABLE),
             Job.scheduled_at <= func.now(),
         )
         .order_by(Job.scheduled_at)
@@ -38,7 +39,7 @@ def jobs_schedule_due(limit: int, *, unique: bool = False) -> Select[Any]:
         .with_for_update(skip_locked=True)
         .cte("due")
     )
-    values: dict[str, Any] = {"state": JobState.AVAILABLE}
+    values: dict[str, Any] = entering(JobState.AVAILABLE)
     target = due
     if unique:
         taken_by = _key_taken_by(due).cte("taken")
@@ -71,7 +72,7 @@ def jobs_schedule_due(limit: int, *, unique: bool = False) -> Select[Any]:
     # PostgreSQL folds identical notifications within a transaction: one per queue.
     notify = case(
         (
-            promoted.c.state == JobState.AVAILABLE,
+            state_is(promoted.c.state, JobState.AVAILABLE),
             func.pg_notify(literal(INSERT_CHANNEL), promoted.c.queue).cast(Text),
         )
     )

@@ -1,7 +1,7 @@
 """Restarting stalled sequences: a maintenance pass, a repair rather than the normal path.
 
 Normally the job that finishes holding a sequence's slot passes it on in the same
-transaction (:func:`sa_jobs.sequence.advance_sequences`). Two kinds of stall escape that:
+transaction (:func:`sa_jobs._insert.sequence.advance_sequences`). Two kinds of stall escape that:
 a slot holder that finished without passing its slot on (its state was changed by
 hand, say), and waiting jobs with no holder at all (an inserter rolled back, a crash, a
 hand edit). This pass finds both and gives each such sequence's slot to its lowest
@@ -15,15 +15,15 @@ from typing import Any
 
 from sqlalchemy import Connection, Select, any_, exists, func, select
 
-from sa_jobs.models import Job, job_table
-from sa_jobs.sequence import (
+from sa_jobs._base.states import JobState
+from sa_jobs._insert.sequence import (
     advance_sequences,
     ids_param,
     lock_keys_of_jobs,
     passes_slot_on,
     promote_next,
 )
-from sa_jobs.states import JobState
+from sa_jobs._table.models import Job, job_table, state_is
 
 __all__ = ["SequenceRepair", "jobs_stalled_sequences"]
 
@@ -48,7 +48,7 @@ def jobs_stalled_sequences(limit: int, among: Sequence[int] | None = None) -> Se
         .where(
             *conditions,
             waiting.c.sequence_key.is_not(None),
-            waiting.c.state == JobState.PENDING,
+            state_is(waiting.c.state, JobState.PENDING),
             ~exists().where(
                 holder.c.sequence_key == waiting.c.sequence_key,
                 holder.c.sequence_key.is_not(None),

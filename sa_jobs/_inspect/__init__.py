@@ -1,0 +1,5 @@
+"""Internal: looking at the queue (its modules are listed in that section of docs/architecture.md).
+
+Not an import path for applications: the public names are on :mod:`sa_jobs`; what is
+in here may move without notice.
+"""
