@@ -378,11 +378,37 @@ def test_another_takes_over_when_the_leader_stops_renewing(engine: Engine) -> No
     assert leader_row(engine).leader_id == "b"
 
 
+def test_a_late_leader_stops_leading_by_its_own_clock_before_another_can_take_over(
+    engine: Engine,
+) -> None:
+    a, b = LeaderElection("a", ttl=0.5), LeaderElection("b", ttl=0.5)
+    assert elect(engine, a) and a.is_leader
+    assert not elect(engine, b) and not b.is_leader
+    # "a" is held up (no renewal): by the time the database lets "b" in, "a" has stopped
+    # believing it leads, though it never heard that it lost.
+    wait_past(engine, leader_row(engine).expires_at)
+    assert not a.is_leader
+    assert elect(engine, b) and b.is_leader
+    assert not a.is_leader
+    assert not elect(engine, a) and not a.is_leader
+
+
+def test_a_renewal_whose_commit_fails_leaves_no_belief_of_leading(engine: Engine) -> None:
+    a = LeaderElection("a", ttl=60)
+    with pytest.raises(RuntimeError), engine.begin() as connection:
+        assert a.run_once(connection) == 1
+        raise RuntimeError("the commit never happened")
+    a.lapse()  # what the maintenance loop does when the election step fails
+    assert not a.is_leader
+    assert leader_row(engine) is None
+
+
 def test_resign_hands_over_at_once(engine: Engine) -> None:
     a, b = LeaderElection("a", ttl=60), LeaderElection("b", ttl=60)
     assert elect(engine, a)
     assert not elect(engine, b)
     resign(engine, a)
+    assert not a.is_leader
     assert leader_row(engine) is None
     assert elect(engine, b)
 

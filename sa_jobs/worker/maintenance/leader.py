@@ -3,9 +3,17 @@
 A lease in ``sa_job_leader``: the holder renews it every ``interval``; if it dies, the
 lease expires after ``ttl`` and another process takes it. A leader that stops cleanly
 resigns at once so a successor need not wait.
+
+The holder's belief that it leads ends by its own clock: ``ttl`` after it *asked*, which is
+no later than the lease's end in the database (``now()`` there is the transaction's start,
+after the asking). A holder held up past its ttl (a slow step, a stalled connection) stops
+leading before another process can take the lease, so two never lead at once.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 from sqlalchemy import Connection, case, delete, func
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -19,12 +27,29 @@ LEADER_NAME = "maintenance"
 
 
 class LeaderElection:
-    def __init__(self, worker_id: str, ttl: float) -> None:
+    def __init__(
+        self, worker_id: str, ttl: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.worker_id = worker_id
         self.ttl = ttl
+        self._clock = clock
+        self._lease_until = float("-inf")
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this process holds the lease now, by its own (conservative) clock."""
+        return self._clock() < self._lease_until
+
+    def lapse(self) -> None:
+        """Forget the lease: the transaction that took or renewed it did not commit."""
+        self._lease_until = float("-inf")
 
     def run_once(self, connection: Connection) -> int:
-        """Take or renew the lease; returns 1 while this process leads, else 0."""
+        """Take or renew the lease; returns 1 while this process leads, else 0.
+
+        The caller commits, and calls :meth:`lapse` if the commit fails.
+        """
+        asked_at = self._clock()
         expires = func.now() + seconds_interval(self.ttl)
         claim = pg_insert(Leader).values(
             name=LEADER_NAME, leader_id=self.worker_id, elected_at=func.now(), expires_at=expires
@@ -43,9 +68,12 @@ class LeaderElection:
             },
             where=(Leader.leader_id == excluded.leader_id) | (Leader.expires_at < func.now()),
         ).returning(Leader.leader_id)
-        return 1 if connection.execute(statement).first() is not None else 0
+        won = connection.execute(statement).first() is not None
+        self._lease_until = asked_at + self.ttl if won else float("-inf")
+        return 1 if won else 0
 
     def resign(self, connection: Connection) -> None:
+        self.lapse()
         connection.execute(
             delete(Leader).where(Leader.name == LEADER_NAME, Leader.leader_id == self.worker_id)
         )

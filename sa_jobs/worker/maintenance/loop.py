@@ -163,6 +163,7 @@ class MaintenanceLoop(Service):
         self._held_ids = held_ids
         self.heartbeat = Heartbeat(worker_id, queues)
         self.election = LeaderElection(worker_id, config.leader_ttl)
+        self._led = False  # what was last logged about leadership
         self.missed_cancels = MissedCancels(running_ids, on_cancel)
         self.scheduler = Scheduler(features=features)
         self.rescuer = Rescuer(config.rescue_after, features=features)
@@ -170,7 +171,6 @@ class MaintenanceLoop(Service):
             self.rescuer.retry_delay = retry_delay
         self.cleaner = Cleaner(config.retention, features=features)
         self.sequence_repair = SequenceRepair() if features.sequence else None
-        self.is_leader = False
         self._leader_steps = [
             _Periodic("scheduler", config.scheduler_interval, self.scheduler.run_once),
             _Periodic("rescuer", config.rescuer_interval, self.rescuer.run_once),
@@ -256,11 +256,11 @@ class MaintenanceLoop(Service):
                 self._step("heartbeat", self.heartbeat.run_once)
                 self._step("own rescue", self.rescue_own)
                 self._step("missed cancels", self.missed_cancels.run_once)
-                was_leader = self.is_leader
-                self.is_leader = bool(self._step("leader election", self.election.run_once))
-                if self.is_leader != was_leader:
-                    log.info("%s maintenance leadership", "took" if self.is_leader else "lost")
-            for step in self._leader_steps if self.is_leader else ():
+                self._elect()
+            for step in self._leader_steps:
+                # Asked before each step: a slow step can outlast the lease.
+                if not self.is_leader:
+                    break
                 if now >= step.next_at:
                     step.next_at = now + step.interval
                     count = self._step(step.name, step.run_once)
@@ -268,6 +268,19 @@ class MaintenanceLoop(Service):
                         log.info("%s: %d %s", step.name, count, _jobs(count))
             self.passed()
             self.stopping.wait(0.05)
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this process leads maintenance now (its lease has not run out)."""
+        return self.election.is_leader
+
+    def _elect(self) -> None:
+        if not self._step("leader election", self.election.run_once):
+            self.election.lapse()  # lost, or the renewal's commit failed
+        leads = self.is_leader
+        if leads != self._led:
+            self._led = leads
+            log.info("%s maintenance leadership", "took" if leads else "lost")
 
     def _step(self, name: str, action: Callable[[Connection], int | None]) -> int:
         try:
