@@ -53,12 +53,10 @@ from sqlalchemy import (
     or_,
     select,
     true,
-    type_coerce,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.sql.dml import ReturningUpdate
-from sqlalchemy.sql.elements import Grouping
 from sqlalchemy.sql.expression import CTE, ColumnElement, Select
 
 from sa_jobs._act.workflow_callbacks import (
@@ -139,21 +137,15 @@ def _release_select(edges: ColumnElement[bool]) -> Select[int, Any]:
         .with_for_update(of=Job)
         .cte("dependents_locked")
     )
-    # The locked rows as two arrays in id order; the UPDATE reads sa_job by the ids alone
-    # (no join: a planner that estimated the locked rows at one, or sa_job at a few, nested
-    # one scan inside the other, and 1,000 released dependents cost 0.3-0.6 s) and finds
-    # each row's count at its id's position.
-    ids, ns = (
-        cast(
-            select(func.array_agg(aggregate_order_by(value, locked.c.id))).scalar_subquery(),
-            ARRAY(BigInteger),
-        )
-        for value in (locked.c.id, locked.c.n)
-    )
-    remaining = (
-        Job.workflow_deps
-        - type_coerce(Grouping(ns), ARRAY(BigInteger))[func.array_position(ids, Job.id)]
-    )
+    # The UPDATE reads sa_job by the locked ids alone (no join: a planner that estimated
+    # the locked rows at one, or sa_job at a few, nested one scan inside the other, and
+    # 1,000 released dependents cost 0.3-0.6 s) and looks each row's count up in a JSON
+    # object of them by id, in log time (``array_position`` in an array of the counts was
+    # linear: 15-30 ms of the 1,000 a fan-out releases).
+    ids = id_array(select(func.array_agg(locked.c.id)))
+    counts_by_id = select(func.jsonb_object_agg(locked.c.id, locked.c.n)).scalar_subquery()
+    resolved_here = cast(counts_by_id.op("->>")(cast(Job.id, Text)), BigInteger)
+    remaining = Job.workflow_deps - resolved_here
     next_state = case((remaining > 0, JobState.PENDING.value), else_=release_state())
     released = (
         update(Job)

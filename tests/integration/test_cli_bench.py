@@ -71,6 +71,9 @@ FIGURES = [
     "workflow_fan_worked",
     "workflow_fan_plain_worked",
     "workflow_fan_ratio",
+    "workflow_fan_worker",
+    "workflow_fan_plain_worker",
+    "workflow_fan_worker_ratio",
     "workflow_chain_release_p50",
     "workflow_plain_next_p50",
 ]
