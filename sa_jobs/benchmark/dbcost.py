@@ -11,7 +11,7 @@ Two halves, one per side of the wire:
   ``pg_current_wal_lsn()`` before and after (*global*: every database of the server writes
   to the one WAL, so other load on the server adds to it), and, when the server runs on
   this host, the CPU time of the drain's own backends (client backends connected to the
-  throwaway database, less the parent's) from ``/proc/<pid>/stat``, which isolates the
+  throwaway database, less the parent's) from ``/proc/<pid>/schedstat`` (nanoseconds), which isolates the
   run from other databases; and the CPU of all the server's processes (global: the WAL
   writer, checkpointer and other databases' backends too).
 
@@ -190,8 +190,8 @@ class ServerProbe:
         own = int(connection.scalar(text("SELECT pg_backend_pid()")) or 0)
         self._excluded = [own, *excluded]
         self._postmaster = _parent(own) if _is_postgres(own) else None
-        self._backends = self._backend_ticks()
-        self._server = self._server_ticks()
+        self._backends = self._backend_cpu()
+        self._server = self._server_cpu()
         self._lsn = str(connection.scalar(_LSN))
 
     def stop(self) -> ServerCost:
@@ -200,8 +200,8 @@ class ServerProbe:
             raise RuntimeError("ServerProbe.stop() without start()")
         try:
             lsn = str(connection.scalar(_LSN))
-            backends = self._backend_ticks()
-            server = self._server_ticks()
+            backends = self._backend_cpu()
+            server = self._server_cpu()
             wal = int(connection.scalar(_WAL_DIFF, {"after": lsn, "before": self._lsn}) or 0)
         finally:
             connection.close()
@@ -212,14 +212,14 @@ class ServerProbe:
             server_cpu=_spent(self._server, server),
         )
 
-    def _backend_ticks(self) -> dict[int, int]:
+    def _backend_cpu(self) -> dict[int, int]:
         assert self._connection is not None
         if self._postmaster is None:
             return {}
         pids = self._connection.scalars(_BACKENDS, {"excluded": self._excluded}).all()
-        return {pid: ticks for pid in pids if (ticks := _ticks(pid)) is not None}
+        return {pid: spent for pid in pids if (spent := _cpu_ns(pid)) is not None}
 
-    def _server_ticks(self) -> dict[int, int] | None:
+    def _server_cpu(self) -> dict[int, int] | None:
         """Every process whose parent is the postmaster, and the postmaster."""
         if self._postmaster is None:
             return None
@@ -228,9 +228,9 @@ class ServerProbe:
             if entry.isdigit() and (
                 int(entry) == self._postmaster or _parent(int(entry)) == self._postmaster
             ):
-                ticks = _ticks(int(entry))
-                if ticks is not None:
-                    found[int(entry)] = ticks
+                spent = _cpu_ns(int(entry))
+                if spent is not None:
+                    found[int(entry)] = spent
         return found
 
 
@@ -241,10 +241,20 @@ def _stat(pid: int) -> list[str] | None:
     return None
 
 
-def _ticks(pid: int) -> int | None:
+def _cpu_ns(pid: int) -> int | None:
+    """CPU time ``pid`` has spent, in nanoseconds.
+
+    ``/proc/<pid>/schedstat``'s first field (the scheduler's run time, kept whatever
+    ``kernel.sched_schedstats`` says) where the kernel has it: ``stat``'s utime and stime
+    count clock ticks (10 ms), and the floor's backends in a small run spend less than one
+    tick, which read as no CPU at all. Else those ticks, converted."""
+    with contextlib.suppress(OSError, ValueError, IndexError), open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0])
     fields = _stat(pid)
     # utime and stime are fields 14 and 15 of the file, 12 and 13 after the name.
-    return None if fields is None else int(fields[11]) + int(fields[12])
+    if fields is None:
+        return None
+    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // _TICKS
 
 
 def _parent(pid: int) -> int | None:
@@ -265,8 +275,8 @@ def _spent(before: dict[int, int] | None, after: dict[int, int] | None) -> float
     """CPU seconds between two samples; a process born in between counts from zero."""
     if before is None or after is None:
         return None
-    ticks = sum(now - before.get(pid, 0) for pid, now in after.items())
-    return max(ticks, 0) / _TICKS
+    spent = sum(now - before.get(pid, 0) for pid, now in after.items())
+    return max(spent, 0) / 1e9
 
 
 # ---------------------------------------------------------------------- per worked job
