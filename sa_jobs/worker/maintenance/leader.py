@@ -5,8 +5,9 @@ lease expires after ``ttl`` and another process takes it. A leader that stops cl
 resigns at once so a successor need not wait.
 
 The holder's belief that it leads ends by its own clock: ``ttl`` after it *asked*, which is
-no later than the lease's end in the database (``now()`` there is the transaction's start,
-after the asking). A holder held up past its ttl (a slow step, a stalled connection) stops
+no later than the lease's end in the database (``clock_timestamp()`` there, read while the
+statement runs, after the asking; a driver may have sent ``BEGIN`` before, so not
+``now()``). A holder held up past its ttl (a slow step, a stalled connection) stops
 leading before another process can take the lease, so two never lead at once.
 """
 
@@ -50,7 +51,7 @@ class LeaderElection:
         The caller commits, and calls :meth:`lapse` if the commit fails.
         """
         asked_at = self._clock()
-        expires = func.now() + seconds_interval(self.ttl)
+        expires = func.clock_timestamp() + seconds_interval(self.ttl)
         claim = pg_insert(Leader).values(
             name=LEADER_NAME, leader_id=self.worker_id, elected_at=func.now(), expires_at=expires
         )
