@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import attrs
-from sqlalchemy import Connection, Dialect, Engine, Interval, Text, bindparam, delete, func, select
+from sqlalchemy import Connection, Engine, Interval, Text, bindparam, delete, func, select
 from sqlalchemy.dialects.postgresql import insert
 
 from sa_jobs._base.states import JobState
@@ -31,7 +31,6 @@ from sa_jobs._table.models import Job, state_is
 from sa_jobs._table.partition_tables import KeyRateWindow
 from sa_jobs._table.schema import Features
 from sa_jobs.errors import InvalidOptionsError
-from sa_jobs.worker.db_access import autocommit
 from sa_jobs.worker.handlers import Handler
 from sa_jobs.worker.keyed_statement import (
     KeyedShape,
@@ -48,6 +47,7 @@ from sa_jobs.worker.limited_fetch import (
     record_starts,
     window_of,
 )
+from sa_jobs.worker.opening import opened_transaction
 from sa_jobs.worker.producer import in_start_order
 
 __all__ = ["KeyCaps", "KeyedQueue", "fetch_keyed", "key_usage", "plan_keyed"]
@@ -197,11 +197,10 @@ def _builder(features: Features) -> Callable[[Sequence[Any]], Job[Any]]:
 _NO_KINDS: dict[str, Any] = {"full_kinds": [], "capped_kinds": [], "kind_caps": []}
 
 
-#: Opens a keyed fetch's transaction on psycopg 3 (the limits' locks and counts follow).
-#: ``SET LOCAL plan_cache_mode``: the keyed statement, once psycopg has prepared it
-#: (its fifth run on a connection), runs its one generic plan instead of being planned
-#: again for every fetch, which cost more than running it (``docs/performance.md``).
-_OPENING = "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan"
+#: Sent with a keyed fetch's BEGIN on psycopg 3: the keyed statement, once psycopg has
+#: prepared it (its fifth run on a connection), runs its one generic plan instead of being
+#: planned again for every fetch, which cost more than running it (``docs/performance.md``).
+_GENERIC_PLANS = "SET LOCAL plan_cache_mode = force_generic_plan"
 
 
 def _running_counts(limits: QueueLimits | None) -> tuple[Any, ...]:
@@ -216,25 +215,6 @@ def _running_counts(limits: QueueLimits | None) -> tuple[Any, ...]:
     )
 
 
-@functools.lru_cache(maxsize=64)
-def _opening(limits: QueueLimits | None, dialect: Dialect) -> str:
-    """BEGIN, the plan cache mode, the limits' locks and the per-key running counts, as
-    one query: psycopg 3 sends a query without parameters by the simple protocol, which
-    takes several statements, so this is one round trip where it took three. Sound as
-    separate statements are: the server runs them in order, each on a snapshot of its own
-    (READ COMMITTED), so each count begins after the locks are held. Values are rendered
-    as literals by the engine's dialect (lock numbers, the queue's name)."""
-    parts = [_OPENING]
-    if limits is not None:
-        parts.append(str(_literal(lock_scopes(limits), dialect)))
-    parts += [str(_literal(count, dialect)) for count in _running_counts(limits)]
-    return "; ".join(parts)
-
-
-def _literal(statement: Any, dialect: Dialect) -> Any:
-    return statement.compile(dialect=dialect, compile_kwargs={"literal_binds": True})
-
-
 @contextmanager
 def _keyed_transaction(
     engine: Engine, limits: QueueLimits | None
@@ -242,36 +222,21 @@ def _keyed_transaction(
     """A transaction holding the limits' locks (if any), committed when the block ends,
     and the per-key counts read with them (by statement; see :class:`KeyCaps`).
 
-    On psycopg 3, an autocommit connection that sends its own BEGIN with the locks and
-    counts (:func:`_opening`) and its own COMMIT: BEGIN, fetch, COMMIT for a fair queue or
-    one limited by key, as the plain fetch. Other drivers: BEGIN (the driver's), the
-    locks, the counts, the fetch, COMMIT. Either way every count begins after the locks
-    are held."""
-    if engine.dialect.driver != "psycopg":
-        with engine.begin() as connection:
-            if limits is not None:
-                connection.execute(lock_scopes(limits))
-            yield connection, {}
-        return
-    with autocommit(engine).connect() as connection:
-        # The driver's own calls, not SQLAlchemy's: an execution context costs more CPU
-        # than the round trip (a profile).
-        driver: Any = connection.connection.driver_connection
-        try:
-            cursor = driver.execute(_opening(limits, connection.dialect))
-            counts = _running_counts(limits)
-            results = []
-            while True:
-                results.append(cursor.fetchall() if cursor.description else [])
-                if not cursor.nextset():
-                    break
-            yield connection, dict(zip(counts, results[len(results) - len(counts) :], strict=True))
-        except BaseException:
-            # psycopg's rollback() and commit() read the server's transaction status,
-            # so they end this transaction though the connection is in autocommit mode.
-            driver.rollback()
-            raise
-        driver.commit()
+    BEGIN, the generic-plan setting, the locks and the per-key running counts go as one
+    query on psycopg 3 (:func:`~sa_jobs.worker.opening.opened_transaction`): BEGIN, fetch,
+    COMMIT for a fair queue or one limited by key, as the plain fetch. Sound as separate
+    statements are: the server runs them in order, each on a snapshot of its own (READ
+    COMMITTED), so each count begins after the locks are held."""
+    counts = _running_counts(limits)
+    locks = () if limits is None else (lock_scopes(limits),)
+    with opened_transaction(engine, locks + counts, settings=_GENERIC_PLANS) as (
+        connection,
+        reads,
+    ):
+        yield (
+            connection,
+            {count: read.rows for count, read in zip(counts, reads[len(locks) :], strict=True)},
+        )
 
 
 def fetch_keyed(

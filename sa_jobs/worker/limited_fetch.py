@@ -14,8 +14,10 @@ module. A limited queue is fetched here, in one transaction:
    began, so it sees every earlier fetch of the scope: the running jobs of the scope, and
    the starts recorded in the rate windows. Nothing else makes a job ``running`` (only a
    fetch does; finishing only lowers the count), so the count is exact or high, never low,
-   until this transaction commits. The statement's ``statement_timestamp()`` is the
-   fetch's time: later than every earlier fetch's, as they committed before it began.
+   until this transaction commits. The ``clock_timestamp()`` it reads is the fetch's
+   time: later than every earlier fetch's, as they committed before it began. On
+   psycopg 3 the locks and the count are sent with BEGIN as one query
+   (:mod:`.opening`): still statements of their own, run in this order.
 3. **Fetch** (:func:`jobs_fetch_limited`) at most what the limits allow: the queue's
    allowance is the batch size, and a kind's allowance caps its rows in the batch (a
    window over the locked rows). A kind whose allowance is spent is left out of the scan,
@@ -35,7 +37,7 @@ import datetime as dt
 import functools
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -67,6 +69,7 @@ from sa_jobs._table.job_loading import detached_job_builder
 from sa_jobs._table.limit_tables import RateWindow
 from sa_jobs._table.models import Job, state_is
 from sa_jobs._table.schema import Features
+from sa_jobs.worker.opening import opened_transaction
 from sa_jobs.worker.producer import (
     FETCH_ORDER,
     due_in_queue,
@@ -189,9 +192,17 @@ def lock_scopes(limits: QueueLimits) -> Select[Any]:
 def limits_usage(limits: QueueLimits) -> Select[Any]:
     """The fetch's time (``at``), and per rule ``i`` the scope's running jobs
     (``running_i``) and its starts in the windows that end inside its period
-    (``starts_i``). Sound only after :func:`lock_scopes`, in a later statement."""
-    at = func.statement_timestamp()
-    columns: list[Any] = [at.label("at")]
+    (``starts_i``). Sound only after :func:`lock_scopes`, in a later statement.
+
+    ``at`` is ``clock_timestamp()``, read once (a derived table with a volatile function
+    is never pulled up), while this statement runs: after the locks are held, so later
+    than the time of every earlier fetch of the scopes. Not ``statement_timestamp()``:
+    that is when the client's message arrived, and the opening query
+    (:mod:`.opening`) carries the locks and this count in one message, so it would be a
+    time from before the locks were granted, and fetches' times would not increase."""
+    moment = select(func.clock_timestamp().label("at")).subquery("fetch_time")
+    at = moment.c.at
+    columns: list[Any] = [at]
     for i, rule in enumerate(limits.rules):
         if rule.by_key:
             continue  # counted per key (keyed_fetch.key_usage)
@@ -212,7 +223,7 @@ def limits_usage(limits: QueueLimits) -> Select[Any]:
                 RateWindow.window_end > at - bindparam(f"per_{i}", rule.per, Interval),
             )
             columns.append(starts.scalar_subquery().label(f"starts_{i}"))
-    return select(*columns)
+    return select(*columns).select_from(moment)
 
 
 @functools.cache
@@ -274,7 +285,9 @@ def _job_builder(features: Features) -> Callable[[Sequence[Any]], Job[Any]]:
 class Allowance:
     """How many jobs a fetch may still take: of the queue, and of each limited kind."""
 
-    def __init__(self, limits: QueueLimits, usage: RowMapping, free: int) -> None:
+    def __init__(
+        self, limits: QueueLimits, usage: Mapping[str, Any] | RowMapping, free: int
+    ) -> None:
         self.total = free
         self.kinds: dict[str, int] = {}
         for i, rule in enumerate(limits.rules):
@@ -373,9 +386,13 @@ def fetch_limited(
     a connection's transaction and :func:`detached_job_builder`, not a Session and the
     ORM loader, which cost a no-op job about half its worker CPU (issue 28)."""
     build = _job_builder(features)
-    with engine.begin() as connection:
-        connection.execute(lock_scopes(limits))
-        usage = connection.execute(limits_usage(limits)).one()._mapping
+    # On psycopg 3 the locks and the count go with BEGIN as one query (so a never-binding
+    # concurrency limit is BEGIN, fetch, COMMIT, as the plain fetch): the server runs them
+    # in order, each statement on a snapshot of its own (READ COMMITTED), so the count
+    # still begins after the locks are held (:mod:`.opening`).
+    opening = (lock_scopes(limits), limits_usage(limits))
+    with opened_transaction(engine, opening) as (connection, (_, counted)):
+        usage = counted.mapping()
         at: dt.datetime = usage["at"]
         allowance = Allowance(limits, usage, free)
         fetched: list[Job[Any]] = []

@@ -4,14 +4,12 @@ fetch that fails ends its transaction (locks released, nothing taken)."""
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-from sqlalchemy import Engine, event, func, select, text, update
+from sqlalchemy import Engine, func, select, text, update
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
@@ -23,7 +21,7 @@ from sa_jobs._table.schema import ALL_FEATURES
 from sa_jobs.worker import keyed_fetch
 from sa_jobs.worker.keyed_fetch import KeyedQueue, fetch_keyed
 from sa_jobs.worker.limited_fetch import plan_limits
-from tests.helpers import engine_at
+from tests.wire_trace import round_trips, traced_engine
 
 pytestmark = pytest.mark.usefixtures("no_workers_or_leader")
 
@@ -57,32 +55,8 @@ def finish_all(engine: Engine) -> None:
 
 @pytest.fixture
 def traced(database_url: URL, engine: Engine) -> Iterator[tuple[Engine, Path]]:
-    """An engine of one connection whose client messages libpq writes to a file."""
-    with (
-        tempfile.TemporaryDirectory() as folder,
-        engine_at(database_url, pool_size=1, max_overflow=0) as one,
-    ):
-        path = Path(folder) / "trace"
-        sink = path.open("w")
-
-        @event.listens_for(one, "connect")
-        def trace(dbapi_connection: Any, record: Any) -> None:
-            dbapi_connection.pgconn.trace(sink.fileno())
-            dbapi_connection.pgconn.set_trace_flags(psycopg.pq.Trace.SUPPRESS_TIMESTAMPS)
-
-        try:
-            yield one, path
-        finally:
-            sink.close()
-
-
-def round_trips(path: Path) -> int:
-    """Queries (simple protocol) and syncs (extended) the client has sent: each waits for
-    the server once."""
-    lines = path.read_text().splitlines()
-    return sum(
-        1 for line in lines if line.startswith("F\t") and line.split("\t")[2] in ("Query", "Sync")
-    )
+    with traced_engine(database_url) as traced:
+        yield traced
 
 
 def test_a_fair_fetch_is_begin_fetch_commit_on_a_generic_plan(

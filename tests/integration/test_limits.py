@@ -227,8 +227,9 @@ def test_a_worker_fetches_unlimited_queues_with_the_plain_statement(
     fetches = [s for s in statements if "FOR UPDATE SKIP LOCKED" in s]
     plain = [s for s in fetches if "locked.id" in s and "ranked" not in s]
     limited = [s for s in fetches if "ranked" in s]
+    # The limited fetch's locks and count go with its BEGIN, to the driver itself on
+    # psycopg 3, past SQLAlchemy's events: test_limited_fetch_trips.py checks them.
     assert plain and limited
-    assert any("pg_advisory_xact_lock" in s for s in statements)
     with engine.connect() as connection:
         states = connection.scalars(select(Job.state)).all()
     assert states == [JobState.COMPLETED, JobState.COMPLETED]
