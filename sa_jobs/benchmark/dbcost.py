@@ -11,9 +11,9 @@ Two halves, one per side of the wire:
   ``pg_current_wal_lsn()`` before and after (*global*: every database of the server writes
   to the one WAL, so other load on the server adds to it), and, when the server runs on
   this host, the CPU time of the drain's own backends (client backends connected to the
-  throwaway database, less the parent's) from ``/proc/<pid>/schedstat`` (nanoseconds), which isolates the
-  run from other databases; and the CPU of all the server's processes (global: the WAL
-  writer, checkpointer and other databases' backends too).
+  throwaway database, less the parent's) from ``/proc/<pid>/schedstat`` (nanoseconds),
+  which isolates the run from other databases; and the CPU of all the server's
+  processes (global: the WAL writer, checkpointer and other databases' backends too).
 
 ``pg_stat_statements`` would count statements and WAL per database on the server; it
 needs ``shared_preload_libraries`` and a restart, which a benchmark on someone's server
