@@ -32,6 +32,7 @@ inserted and worked, the backlog, the vacuums run, and the rebuilds: an index's
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import statistics
@@ -156,21 +157,53 @@ class Side:
 
     # -- autovacuum's stand-in -------------------------------------------------------
 
-    def vacuum_like_autovacuum(self, stop: threading.Event) -> None:
+    def vacuum_like_autovacuum(self, stop: threading.Event, *, table_options: bool) -> None:
+        """Every 60 s, VACUUM and/or ANALYZE ``sa_job`` if autovacuum would: with the
+        server's thresholds, and ``sa_job``'s own (the schema sets its
+        ``autovacuum_vacuum_scale_factor`` to 0.01) unless ``table_options`` is false."""
         counts = text(
             "SELECT s.n_dead_tup, s.n_ins_since_vacuum, s.n_mod_since_analyze,"
             " greatest(c.reltuples, 0) AS reltuples"
             " FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid"
             " WHERE s.relid = 'sa_job'::regclass"
         )
+        with self.own.connect() as connection:
+            found = connection.execute(
+                text("SELECT name, setting FROM pg_settings WHERE name LIKE 'autovacuum_%'")
+            )
+            limits = {row.name: row.setting for row in found}
+            reloptions = connection.scalar(
+                text("SELECT reloptions FROM pg_class WHERE oid = 'sa_job'::regclass")
+            )
+        if table_options:
+            limits.update(option.split("=", 1) for option in reloptions or [])
+        self.vacuum_settings = {
+            name: float(limits[name])
+            for name in (
+                "autovacuum_vacuum_threshold",
+                "autovacuum_vacuum_scale_factor",
+                "autovacuum_vacuum_insert_threshold",
+                "autovacuum_vacuum_insert_scale_factor",
+                "autovacuum_analyze_threshold",
+                "autovacuum_analyze_scale_factor",
+            )
+        }
+        t = {
+            name.removeprefix("autovacuum_"): value for name, value in self.vacuum_settings.items()
+        }
         while not stop.wait(60.0):
             with autocommit(self.own).connect() as connection:
                 row = connection.execute(counts).one()
                 vacuum = (
-                    row.n_dead_tup > 50 + 0.2 * row.reltuples
-                    or row.n_ins_since_vacuum > 1000 + 0.2 * row.reltuples
+                    row.n_dead_tup
+                    > t["vacuum_threshold"] + t["vacuum_scale_factor"] * row.reltuples
+                    or row.n_ins_since_vacuum
+                    > t["vacuum_insert_threshold"] + t["vacuum_insert_scale_factor"] * row.reltuples
                 )
-                analyze = row.n_mod_since_analyze > 50 + 0.1 * row.reltuples
+                analyze = (
+                    row.n_mod_since_analyze
+                    > t["analyze_threshold"] + t["analyze_scale_factor"] * row.reltuples
+                )
                 if not (vacuum or analyze):
                     continue
                 what = "VACUUM ANALYZE" if vacuum and analyze else "VACUUM" if vacuum else "ANALYZE"
@@ -243,7 +276,7 @@ class Side:
             },
             "probe_ms": round(statistics.median(times) * 1e3, 3),
             "probe_buffers": top.get("Shared Hit Blocks", 0) + top.get("Shared Read Blocks", 0),
-            "probe_index": _index_of(top),
+            "probe_indexes": _indexes_of(top),
             "inserted": self.inserted,
             "worked": self.worked,
             "backlog": backlog,
@@ -255,14 +288,13 @@ class Side:
         }
 
 
-def _index_of(plan: dict[str, Any]) -> str | None:
-    """The index the probe's plan reads (it should be the fetch index)."""
-    if "Index Name" in plan:
-        return str(plan["Index Name"])
+def _indexes_of(plan: dict[str, Any]) -> list[str]:
+    """The indexes the probe's plan reads: the fetch index, and the queue branch's
+    paused check on ``sa_job_queue``."""
+    found = [str(plan["Index Name"])] if "Index Name" in plan else []
     for child in plan.get("Plans", []):
-        if (found := _index_of(child)) is not None:
-            return found
-    return None
+        found += _indexes_of(child)
+    return found
 
 
 class RebuildLog(logging.Handler):
@@ -323,7 +355,14 @@ def main() -> None:
         help="available jobs the queue keeps (inserted first; the worker is then paced at "
         "--rate); default 2000; 0 lets the worker run free; give it twice for both",
     )
-    parser.add_argument("--vacuum", choices=["auto", "none"], default="auto")
+    parser.add_argument(
+        "--vacuum",
+        choices=["auto", "pg-default", "none"],
+        default="auto",
+        help="auto: the server's autovacuum, or the stand-in with sa_job's own settings if "
+        "it is off; pg-default: the stand-in with PostgreSQL's defaults, ignoring sa_job's "
+        "autovacuum_vacuum_scale_factor of 0.01; none: no vacuum",
+    )
     parser.add_argument("--json", help="write every sample and rebuild to this file")
     options = parser.parse_args()
     min_kbs: list[int | None] = [*(options.min_kb or [1024]), None]
@@ -357,15 +396,17 @@ def main() -> None:
                 sides.append(side)
         autovacuum = server_autovacuum(sides[0].engine)
         record["server_autovacuum"] = autovacuum
-        emulate = options.vacuum == "auto" and not autovacuum
+        emulate = options.vacuum == "pg-default" or (options.vacuum == "auto" and not autovacuum)
         print(
             "vacuum: "
             + (
-                "the server's autovacuum"
-                if autovacuum
-                else "autovacuum's stand-in (the server's is off)"
-                if emulate
-                else "none"
+                "none"
+                if not emulate
+                else "autovacuum's stand-in, PostgreSQL's default thresholds"
+                if options.vacuum == "pg-default"
+                else "autovacuum's stand-in, sa_job's thresholds (the server's is off)"
+                if not autovacuum
+                else "the server's autovacuum"
             ),
             flush=True,
         )
@@ -376,7 +417,9 @@ def main() -> None:
             stack.callback(side.worker.stop)
             jobs: list[Any] = [(side.produce, (options.rate, stop))]
             if emulate:
-                jobs.append((side.vacuum_like_autovacuum, (stop,)))
+                table_options = options.vacuum == "auto"
+                vacuum = functools.partial(side.vacuum_like_autovacuum, table_options=table_options)
+                jobs.append((vacuum, (stop,)))
             jobs.append((side.watch_rebuilds, (rebuild_log.started, stop)))
             for target, args in jobs:
                 threads.append(threading.Thread(target=target, args=args, daemon=True))
@@ -393,6 +436,9 @@ def main() -> None:
             stop.set()
             for thread in threads:
                 thread.join()
+        record["vacuum_settings"] = {
+            side.label: getattr(side, "vacuum_settings", None) for side in sides
+        }
         wall = time.time() - (time.monotonic() - began)
         record["rebuilds"] = [
             {"side": side.label, **rebuild, "at_minute": round((rebuild["at"] - wall) / 60, 2)}
