@@ -3,19 +3,26 @@
 Not a test. Side by side, each in a throwaway database of its own (``_shared.database``):
 a real :class:`sa_jobs.Worker` (``queues={"default": 20}``, a no-op handler) and a
 producer thread inserting ``--rate`` jobs/s (``insert_many`` batches every 0.1 s, paced
-by the clock). One database's worker runs the reindexer
-(``MaintenanceConfig(reindex_interval=--reindex-interval)``, ``ReindexSettings`` with
-``min_bytes = --min-kb`` kB; give ``--min-kb`` twice for two such databases); the other's
-does not. Finished jobs keep the default retention (24 h: the cleaner deletes none of them
-in an hour, so the table grows by ``rate * 3600`` rows, as a real queue's would).
+by the clock). Each queue starts with ``--backlog`` available jobs (default 2,000) and its
+handler is paced to finish ``--rate`` jobs/s, so the backlog stays put: a queue whose
+workers run at capacity. (Without a backlog the fetch index barely grows: a job's dead
+entry is still on the page new entries go to, and a B-tree deletes killed entries from a
+page before splitting it. ``--backlog 0`` lets the handler run free.) One database's
+worker runs the reindexer (``MaintenanceConfig(reindex_interval=--reindex-interval)``,
+``ReindexSettings`` with ``min_bytes = --min-kb`` kB; give ``--min-kb`` twice for two
+such databases); the other's does not. Finished jobs keep the default retention (24 h:
+the cleaner deletes none of them in an hour, so the table grows by ``rate * 3600`` rows,
+as a real queue's would).
 
 Vacuum: PostgreSQL's autovacuum if the server runs it. If it is off (as on the machine
 this was written on, whose configuration is not ours to change), ``--vacuum auto``
 stands in for it: a thread per database that every 60 s (autovacuum's naptime) runs
-``VACUUM`` / ``ANALYZE`` on ``sa_job`` when autovacuum's default thresholds would (50 +
-20 % of the rows dead, 1,000 + 20 % inserted, 50 + 10 % changed for ANALYZE), like
-autovacuum skipping the table when another holds its lock (a rebuild), but not throttled
-by its cost delay. ``--vacuum none`` runs no vacuum at all.
+``VACUUM`` / ``ANALYZE`` on ``sa_job`` when autovacuum would, with the server's
+thresholds and ``sa_job``'s own (the schema's ``autovacuum_vacuum_scale_factor`` of
+0.01); like autovacuum it skips the table when another holds its lock (a rebuild), but
+it is not throttled by a cost delay. ``--vacuum pg-default`` uses the stand-in with
+PostgreSQL's defaults only (a vacuum once 20 % of the rows are dead: a table whose
+setting was reset); ``--vacuum none`` runs no vacuum at all.
 
 Every ``--sample`` seconds, for each database: the hot indexes' sizes and estimated live
 entries (:meth:`Reindexer.sizes`), the fetch's median time (the fetch's own SELECT of 10
@@ -26,7 +33,7 @@ inserted and worked, the backlog, the vacuums run, and the rebuilds: an index's
 "reindexer: rebuilding" marks when each began (so a rebuild's time is known to ~0.1 s).
 
     python bench/reindex_steady.py --minutes 60 --rate 150 --sample 60 \\
-        --reindex-interval 120 --json /tmp/reindex_steady.json
+        --reindex-interval 120 --backlog 2000 --json /tmp/reindex_steady.json
 """
 
 from __future__ import annotations
