@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, select, text, update
+from sqlalchemy import Engine, select, text
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
@@ -21,6 +21,7 @@ from sa_jobs._table.schema import ALL_FEATURES
 from sa_jobs.worker import keyed_fetch
 from sa_jobs.worker.keyed_fetch import KeyedQueue, fetch_keyed
 from sa_jobs.worker.limited_fetch import plan_limits
+from tests.helpers import complete_running
 from tests.wire_trace import round_trips, traced_engine
 
 pytestmark = pytest.mark.usefixtures("no_workers_or_leader")
@@ -42,15 +43,6 @@ def fetch(engine: Engine, plan: KeyedQueue, free: int) -> list[Any]:
 
 def limited(limits: list[Limit]) -> KeyedQueue:
     return KeyedQueue("tenants", plan_limits(limits, ["tenants"])["tenants"])
-
-
-def finish_all(engine: Engine) -> None:
-    with engine.begin() as connection:
-        connection.execute(
-            update(Job)
-            .where(Job.state == JobState.RUNNING)
-            .values(state=JobState.COMPLETED, finalized_at=func.now())
-        )
 
 
 @pytest.fixture
@@ -110,7 +102,7 @@ def test_the_counts_read_with_begin_name_any_queue(engine: Engine) -> None:
     )
     assert sorted(job.partition_key for job in fetch(engine, plan, 10)) == ["a", "b"]
     assert fetch(engine, plan, 10) == []  # "a" is running: at its limit
-    finish_all(engine)
+    complete_running(engine)
     assert [job.partition_key for job in fetch(engine, plan, 10)] == ["a"]
 
 
@@ -137,4 +129,4 @@ def test_a_failed_keyed_fetch_ends_its_transaction(
     assert locks == 0
     # The connection went back to the pool usable, and the next fetch takes the jobs.
     assert len(fetch(engine, plan, 4)) == 4
-    finish_all(engine)
+    complete_running(engine)

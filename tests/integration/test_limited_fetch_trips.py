@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, func, select, text, update
+from sqlalchemy import Engine, func, select, text
 from sqlalchemy.engine import URL
 
 from sa_jobs import ConcurrencyLimit, JobState, RateLimit
@@ -22,7 +22,7 @@ from sa_jobs._table.schema import ALL_FEATURES
 from sa_jobs.worker import limited_fetch
 from sa_jobs.worker.limited_fetch import LOCK_CLASS, fetch_limited, plan_limits
 from tests.factories import make_job
-from tests.helpers import db_now, engine_at, recorded_statements
+from tests.helpers import complete_running, db_now, engine_at, recorded_statements
 from tests.wire_trace import round_trips, sent, traced_engine
 
 pytestmark = pytest.mark.usefixtures("no_workers_or_leader")
@@ -39,15 +39,6 @@ def add(engine: Engine, count: int, queue: str) -> None:
 def fetch(engine: Engine, queue: str, free: int, limits: Sequence[Limit]) -> list[Any]:
     plan = plan_limits(limits, [queue])[queue]
     return fetch_limited(engine, plan, free, "test-limited-trips", features=ALL_FEATURES)
-
-
-def finish_all(engine: Engine) -> None:
-    with engine.begin() as connection:
-        connection.execute(
-            update(Job)
-            .where(Job.state == JobState.RUNNING)
-            .values(state=JobState.COMPLETED, finalized_at=func.now())
-        )
 
 
 @pytest.fixture
@@ -72,7 +63,7 @@ def test_a_never_binding_concurrency_limit_is_begin_fetch_commit(
     assert waits == ["Query", "Sync", "Query"]
     assert '"BEGIN; SELECT count(pg_advisory_xact_lock(' in messages[0]
     assert messages[-1].endswith('"COMMIT"')
-    finish_all(one)
+    complete_running(one)
 
 
 def test_a_rate_limited_fetch_adds_only_the_starts_it_records(
@@ -87,7 +78,7 @@ def test_a_rate_limited_fetch_adds_only_the_starts_it_records(
     # The opening query, the fetch, the starts counted in their window, the old windows
     # deleted, COMMIT.
     assert round_trips(path) - before == 5
-    finish_all(one)
+    complete_running(one)
 
 
 def test_the_fetch_time_is_read_after_the_locks_are_granted(engine: Engine) -> None:
@@ -112,7 +103,7 @@ def test_the_fetch_time_is_read_after_the_locks_are_granted(engine: Engine) -> N
     fetcher.join(5)
     assert len(fetched) == 2
     assert all(job.attempted_at > released_at for job in fetched)
-    finish_all(engine)
+    complete_running(engine)
 
 
 def test_another_driver_sends_the_locks_and_the_count_one_by_one(database_url: URL) -> None:
@@ -126,7 +117,7 @@ def test_another_driver_sends_the_locks_and_the_count_one_by_one(database_url: U
         assert "pg_advisory_xact_lock" in statements[0]
         assert "clock_timestamp()" in statements[1]
         assert fetch(other, "trips_other_driver", 5, limits) == []  # at its limit
-        finish_all(other)
+        complete_running(other)
 
 
 def test_a_failed_limited_fetch_ends_its_transaction(
@@ -152,4 +143,4 @@ def test_a_failed_limited_fetch_ends_its_transaction(
     assert locks == 0
     # The connection went back to the pool usable, and the next fetch takes the jobs.
     assert len(fetch(engine, "trips_broken", 4, limits)) == 4
-    finish_all(engine)
+    complete_running(engine)
