@@ -181,7 +181,7 @@ def retry_one(session: Session, job_id: int, *where: ColumnElement[bool]) -> boo
             connection = session.connection()
             features = Features.of(connection)
             values = _retry_values(features.workflow)
-            steps = revive.lock_steps(connection, [job_id]) if features.workflow else {}
+            steps = revive.lock_for_retry(connection, [job_id]) if features.workflow else {}
             if features.sequence:
                 values.update(sequence.retry_values(connection, job_id))
             statement = (
@@ -240,7 +240,7 @@ def retry_ids(
         )
         try:
             with session.begin_nested():
-                steps = revive.lock_steps(connection, plain) if features.workflow else {}
+                steps = revive.lock_for_retry(connection, plain) if features.workflow else {}
                 done = list(session.scalars(statement))
                 if steps:
                     revive.after_retried(connection, steps, done)

@@ -5,7 +5,8 @@ locks, so that no completion slips between reading a dependency and writing the 
 the dependencies are locked ``FOR NO KEY UPDATE`` first (a completion's ``UPDATE`` of one
 waits for this transaction, or this one reads its result) and the running ones get a new
 row version (a completion whose snapshot predates the new edge then finishes them in a
-transaction of its own, see :func:`_touch_running`), then the workflow row ``FOR
+transaction of its own, see
+:func:`~sa_jobs._act.workflow_release.touch_running`), then the workflow row ``FOR
 UPDATE`` (the order every completion takes them in: jobs, then the workflow). Then:
 
 * a completed dependency's edge is written resolved;
@@ -23,11 +24,11 @@ from collections.abc import Iterable
 from typing import Any, Unpack
 
 import attrs
-from sqlalchemy import BigInteger, Connection, Text, any_, bindparam, or_, select, update
+from sqlalchemy import BigInteger, Text, any_, bindparam, or_, select, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
-from sa_jobs._act.workflow_release import FAILED_STATES, adjust_counters, cascade
+from sa_jobs._act.workflow_release import FAILED_STATES, adjust_counters, cascade, touch_running
 from sa_jobs._base.sessions import either_session
 from sa_jobs._base.states import JobState
 from sa_jobs._declare.args import encode_args
@@ -128,7 +129,7 @@ def add_to_workflow(
     if wf is None:
         raise WorkflowNotFoundError(workflow_id)
     _check_refs(workflow_id, ids, names, deps)
-    _touch_running(connection, [dep.id for dep in deps if dep.state is JobState.RUNNING])
+    touch_running(connection, [dep.id for dep in deps if dep.state is JobState.RUNNING])
     if name is None:
         name = kind.name
         if _taken(session, workflow_id, name):
@@ -187,20 +188,6 @@ def add_to_workflow(
         adjust_counters(connection, {workflow_id: (-len(cancelled), len(cancelled))})
         state = JobState.CANCELLED
     return AddedStep(job_id, name, state)
-
-
-def _touch_running(connection: Connection, job_ids: list[int]) -> None:
-    """Give the running dependencies a new row version. A batch of completed steps is
-    one statement (``workflow_release.completed_steps_statement``), whose snapshot may
-    predate this transaction's new edge: it finishes only rows whose version is the one
-    its snapshot saw, so the completion of a step touched here waits for this commit and
-    then leaves the step to the writer's transactional path, which sees the new edge."""
-    if job_ids:
-        connection.execute(
-            update(Job)
-            .where(Job.id == any_(bindparam("running", job_ids, type_=ARRAY(BigInteger))))
-            .values(workflow_step=Job.workflow_step)
-        )
 
 
 def _check_refs(workflow_id: int, ids: list[int], names: list[str], deps: Any) -> None:

@@ -80,6 +80,7 @@ __all__ = [
     "completed_steps_statement",
     "release",
     "release_state",
+    "touch_running",
 ]
 
 #: ``metadata`` key of a step cancelled because a dependency failed:
@@ -324,7 +325,7 @@ def completed_steps_statement(finish: ReturningUpdate[Any]) -> Select[Any]:
     # One statement reads everything under the snapshot taken when it began, before it
     # may wait for a step's row lock; a transaction holding that lock could meanwhile
     # commit a new edge out of the step (add_to_workflow), which this snapshot would miss.
-    # Such a transaction gives the step a new row version (workflow_extend._touch_running),
+    # Such a transaction gives the step a new row version (:func:`touch_running`),
     # and a row is finished only if its version is the one the snapshot saw: a step
     # updated since is not returned, and the writer finishes it in a transaction instead
     # (in READ COMMITTED each statement there has a new snapshot).
@@ -352,6 +353,22 @@ def completed_steps_statement(finish: ReturningUpdate[Any]) -> Select[Any]:
     counters = _counters_update(deltas, workflows, summary).cte("workflow_counters")
     fired = callbacks_fired(counters)
     return select(finished.c.id, finished.c.state).select_from(finished.join(fired, true()))
+
+
+def touch_running(connection: Connection, job_ids: Sequence[int]) -> None:
+    """Give these running steps a new row version, in a transaction that holds their row
+    locks and changes what their completion must release (a new edge out of them, a
+    dependent brought back to ``pending``). A completion of a batch is one statement
+    (:func:`completed_steps_statement`) whose snapshot may predate that change: it
+    finishes only rows whose version is the one its snapshot saw, so the completion of a
+    step touched here waits for the commit and then leaves the step to the writer's
+    transactional path, whose statements each see the change."""
+    if job_ids:
+        connection.execute(
+            update(Job)
+            .where(Job.id == any_(bindparam("running", list(job_ids), type_=ARRAY(BigInteger))))
+            .values(workflow_step=Job.workflow_step)
+        )
 
 
 def adjust_counters(connection: Connection, deltas: dict[int, tuple[int, int]]) -> None:

@@ -35,14 +35,20 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.sql.expression import ColumnElement
+from sqlalchemy.sql.expression import CTE, ColumnElement
 
-from sa_jobs._act.workflow_release import CANCELLED_KEY, FAILED_STATES, adjust_counters, cascade
+from sa_jobs._act.workflow_release import (
+    CANCELLED_KEY,
+    FAILED_STATES,
+    adjust_counters,
+    cascade,
+    touch_running,
+)
 from sa_jobs._base.states import FINAL_STATES, JobState
 from sa_jobs._table.models import Job, entering, job_table, state_is
 from sa_jobs._table.workflow_tables import dep_table
 
-__all__ = ["after_retried", "lock_steps", "retry_state", "unresolved_count"]
+__all__ = ["after_retried", "lock_for_retry", "retry_state", "unresolved_count"]
 
 _IDS = "sa_jobs_wf_revive_ids"
 
@@ -69,28 +75,50 @@ def retry_state() -> dict[str, Any]:
     }
 
 
-def lock_steps(connection: Connection, job_ids: Sequence[int]) -> dict[int, tuple[JobState, int]]:
-    """Lock the steps among ``job_ids`` (id order) before a retry changes them; their
-    state before it and their workflow, by id."""
-    rows = connection.execute(
-        select(Job.id, Job.state, Job.workflow_id)
-        .where(Job.id == any_(bindparam(_IDS, list(job_ids), type_=ARRAY(BigInteger))))
-        .where(Job.workflow_id.is_not(None))
-        .order_by(Job.id)
-        .with_for_update()
-    ).all()
-    return {int(row.id): (JobState(row.state), int(row.workflow_id)) for row in rows}
+def lock_for_retry(
+    connection: Connection, job_ids: Sequence[int]
+) -> dict[int, tuple[JobState, int]]:
+    """Lock, in one id-ordered pass, the steps among ``job_ids`` and every step whose
+    outcome the retry's counts depend on; their state before it and their workflow, by id.
+
+    A retry counts the unresolved edges into the steps it retries and into the dependents
+    it revives (:func:`after_retried`), while a dependency's completion may be in flight:
+    that completion resolves its edge but releases only dependents *it* sees pending, so
+    read under two snapshots a step could be left pending behind a resolved edge. Locked
+    here are the retried steps, the cancelled dependents they may revive (recursively),
+    and the unfinished dependencies of both: a completion already written is waited for
+    (and later statements, each with a new snapshot, see it), and one not yet begun waits
+    for this transaction. The running ones among them also get a new row version
+    (:func:`~sa_jobs._act.workflow_release.touch_running`), so that a one-statement
+    completion whose snapshot predates this retry leaves them to the writer's
+    transactional path.
+
+    One pass in id order, as every path takes job rows: two retries of two failed
+    dependencies of one step each need the other's step, and take turns instead of
+    deadlocking. (Those the locks reveal only after the wait — a step cancelled in the
+    meantime by another failure — are not locked; the cascade after the revive cancels
+    such a step again.)
+    """
+    rows = connection.execute(_lock_statement(), {_IDS: sorted(set(job_ids))}).all()
+    touch_running(
+        connection, [int(row.id) for row in rows if JobState(row.state) is JobState.RUNNING]
+    )
+    wanted = set(job_ids)
+    return {
+        int(row.id): (JobState(row.state), int(row.workflow_id)) for row in rows if row.id in wanted
+    }
 
 
-@functools.cache
-def _revive_statement() -> Any:
+def _revivable() -> CTE:
+    """The cancelled steps a retry of the steps in ``_IDS`` may bring back: those the
+    cascade cancelled through an edge out of one of them, and recursively through theirs."""
     dep = dep_table
     cancelled = job_table.alias("cancelled_dependent")
     seed = (
         select(dep.c.job_id.label("id"))
         .join(cancelled, cancelled.c.id == dep.c.job_id)
         .where(
-            dep.c.depends_on_id == any_(bindparam(_IDS, type_=ARRAY(BigInteger))),
+            dep.c.depends_on_id == any_(_ids()),
             ~dep.c.resolved,
             ~dep.c.run_on_failure,
             state_is(cancelled.c.state, JobState.CANCELLED),
@@ -100,7 +128,7 @@ def _revive_statement() -> Any:
     revived = seed.cte("revived", recursive=True)
     edge = dep.alias("next_edge")
     later = job_table.alias("later_dependent")
-    revived = revived.union(
+    return revived.union(
         select(edge.c.job_id)
         .select_from(revived)
         .join(edge, edge.c.depends_on_id == revived.c.id)
@@ -112,6 +140,39 @@ def _revive_statement() -> Any:
             later.c["metadata"].has_key(CANCELLED_KEY),
         )
     )
+
+
+def _ids() -> Any:
+    return bindparam(_IDS, type_=ARRAY(BigInteger))
+
+
+@functools.cache
+def _lock_statement() -> Any:
+    """The rows :func:`lock_for_retry` locks: the steps in ``_IDS``, what a retry of them
+    may revive, and the unresolved dependencies of both."""
+    dep = dep_table
+    revived = _revivable()
+    waiting = (
+        select(Job.id.label("id"))
+        .where(Job.id == any_(_ids()), Job.workflow_id.is_not(None))
+        .union(select(revived.c.id))
+        .cte("waiting")
+    )
+    waited_on = select(dep.c.depends_on_id).where(
+        dep.c.job_id.in_(select(waiting.c.id)), ~dep.c.resolved
+    )
+    every = select(waiting.c.id).union(waited_on).cte("to_lock")
+    return (
+        select(Job.id, Job.state, Job.workflow_id)
+        .where(Job.id.in_(select(every.c.id)))
+        .order_by(Job.id)
+        .with_for_update()
+    )
+
+
+@functools.cache
+def _revive_statement() -> Any:
+    revived = _revivable()
     locked = (
         select(Job.id)
         .where(Job.id.in_(select(revived.c.id)), state_is(Job.state, JobState.CANCELLED))
