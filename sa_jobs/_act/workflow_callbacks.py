@@ -41,7 +41,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.sql.expression import CTE, ColumnElement, Select
 
-from sa_jobs._base.sql import json_recordset
+from sa_jobs._base.sql import constant, json_recordset
 from sa_jobs._base.states import JobState
 from sa_jobs._table.models import Job, entering, state_is
 from sa_jobs._table.schema import INSERT_CHANNEL
@@ -69,8 +69,8 @@ def release_state(jobs: Any = Job) -> ColumnElement[Any]:
     due, else ``available``. ``clock_timestamp()``, not ``now()``: ``now()`` is when the
     transaction began, and a job inserted since would wrongly look scheduled."""
     return case(
-        (jobs.scheduled_at > func.clock_timestamp(), JobState.SCHEDULED.value),
-        else_=JobState.AVAILABLE.value,
+        (jobs.scheduled_at > func.clock_timestamp(), constant(JobState.SCHEDULED.value)),
+        else_=constant(JobState.AVAILABLE.value),
     )
 
 
@@ -129,20 +129,21 @@ def callbacks_fired(counters: CTE) -> CTE:
     (and their notifications) and the cancellations."""
     done = counters.c.finished_now
     counts = func.jsonb_build_object(
-        "id",
+        constant("id"),
         counters.c.id,
-        "name",
+        constant("name"),
         counters.c.name,
-        "total",
+        constant("total"),
         counters.c.total,
-        "completed",
+        constant("completed"),
         counters.c.total - counters.c.failed,
-        "failed",
+        constant("failed"),
         counters.c.failed,
     )
     # on_complete always; on_failure if a step failed, else on_success.
     second = case(
-        (counters.c.failed > 0, counters.c.on_failure_job_id), else_=counters.c.on_success_job_id
+        (counters.c.failed > constant(0), counters.c.on_failure_job_id),
+        else_=counters.c.on_success_job_id,
     )
     firing = union_all(
         *(
@@ -169,7 +170,9 @@ def callbacks_fired(counters: CTE) -> CTE:
         )
         .values(
             **entering(release_state()),
-            metadata_=Job.metadata_.op("||")(func.jsonb_build_object(COUNTS_KEY, locked.c.counts)),
+            metadata_=Job.metadata_.op("||")(
+                func.jsonb_build_object(constant(COUNTS_KEY), locked.c.counts)
+            ),
         )
         .returning(Job.state, Job.queue)
         .cte("callbacks_released")
@@ -177,17 +180,17 @@ def callbacks_fired(counters: CTE) -> CTE:
     # on_failure is cancelled when no step failed: on_success fired instead.
     unneeded = id_array(
         select(func.array_agg(counters.c.on_failure_job_id)).where(
-            done, counters.c.failed == 0, counters.c.on_failure_job_id.is_not(None)
+            done, counters.c.failed == constant(0), counters.c.on_failure_job_id.is_not(None)
         )
     )
     cancelled = (
         update(Job)
         .where(Job.id == any_(unneeded), state_is(Job.state, JobState.PENDING))
-        .values(**entering(literal(JobState.CANCELLED.value, Text)))
+        .values(**entering(constant(JobState.CANCELLED.value)))
         .returning(Job.id)
         .cte("callbacks_cancelled")
     )
-    notify = func.pg_notify(INSERT_CHANNEL, released.c.queue).cast(Text)
+    notify = func.pg_notify(constant(INSERT_CHANNEL), released.c.queue).cast(Text)
     return (
         select(
             func.count().label("released"),

@@ -48,7 +48,6 @@ from sqlalchemy import (
     case,
     cast,
     func,
-    literal,
     literal_column,
     or_,
     select,
@@ -65,8 +64,9 @@ from sa_jobs._act.workflow_callbacks import (
     id_array,
     release_state,
 )
+from sa_jobs._base.sql import constant
 from sa_jobs._base.states import JobState
-from sa_jobs._table.models import Job, entering, job_table
+from sa_jobs._table.models import Job, entering, job_table, state_is
 from sa_jobs._table.schema import INSERT_CHANNEL
 from sa_jobs._table.workflow_tables import dep_table, workflow_table
 
@@ -116,7 +116,7 @@ def _release_select(edges: ColumnElement[bool]) -> Select[int, Any]:
     resolved = (
         update(dep)
         .where(~dep.c.resolved, edges)
-        .values(resolved=True)
+        .values(resolved=true())
         .returning(dep.c.job_id)
         .cte("resolved_edges")
     )
@@ -133,7 +133,7 @@ def _release_select(edges: ColumnElement[bool]) -> Select[int, Any]:
         select(Job.id, counts.c.n)
         .join(counts, Job.id == counts.c.job_id)
         .where(Job.id == any_(id_array(select(func.array_agg(counts.c.job_id)))))
-        .where(Job.state == JobState.PENDING)
+        .where(state_is(Job.state, JobState.PENDING))
         .order_by(Job.id)
         .with_for_update(of=Job)
         .cte("dependents_locked")
@@ -147,18 +147,19 @@ def _release_select(edges: ColumnElement[bool]) -> Select[int, Any]:
     counts_by_id = select(func.jsonb_object_agg(locked.c.id, locked.c.n)).scalar_subquery()
     resolved_here = cast(counts_by_id.op("->>")(cast(Job.id, Text)), BigInteger)
     remaining = Job.workflow_deps - resolved_here
-    next_state = case((remaining > 0, JobState.PENDING.value), else_=release_state())
+    pending = constant(JobState.PENDING.value)
+    next_state = case((remaining > constant(0), pending), else_=release_state())
     released = (
         update(Job)
-        .where(Job.id == any_(ids), Job.state == JobState.PENDING)
+        .where(Job.id == any_(ids), state_is(Job.state, JobState.PENDING))
         .values(workflow_deps=remaining, **entering(next_state))
         .returning(Job.state, Job.queue)
         .cte("released_steps")
     )
-    notify = func.pg_notify(INSERT_CHANNEL, released.c.queue).cast(Text)
+    notify = func.pg_notify(constant(INSERT_CHANNEL), released.c.queue).cast(Text)
     return select(
-        func.count().filter(released.c.state != JobState.PENDING),
-        func.max(case((released.c.state == JobState.AVAILABLE, notify))),
+        func.count().filter(~state_is(released.c.state, JobState.PENDING)),
+        func.max(case((state_is(released.c.state, JobState.AVAILABLE), notify))),
     ).select_from(released)
 
 
@@ -211,7 +212,7 @@ def _cascade_statement() -> Any:
         update(Job)
         .where(Job.id == locked.c.id, Job.state == JobState.PENDING)
         .values(
-            **entering(literal(JobState.CANCELLED.value, Text)),
+            **entering(constant(JobState.CANCELLED.value)),
             metadata_=Job.metadata_.op("||")(func.jsonb_build_object(CANCELLED_KEY, reason)),
         )
         .returning(Job.id, Job.workflow_id)
@@ -279,7 +280,7 @@ def _counters_update(source: Any, ids: Any, summary: CTE | None) -> Any:
             unfinished=unfinished,
             failed=wf.c.failed + source.c.d_failed,
             finished_at=case(
-                (unfinished == 0, func.coalesce(wf.c.finished_at, func.now())),
+                (unfinished == constant(0), func.coalesce(wf.c.finished_at, func.now())),
                 else_=wf.c.finished_at,
             ),
         )
@@ -291,7 +292,9 @@ def _counters_update(source: Any, ids: Any, summary: CTE | None) -> Any:
             wf.c.on_success_job_id,
             wf.c.on_complete_job_id,
             wf.c.on_failure_job_id,
-            and_(wf.c.unfinished == 0, source.c.d_unfinished < 0).label("finished_now"),
+            and_(wf.c.unfinished == constant(0), source.c.d_unfinished < constant(0)).label(
+                "finished_now"
+            ),
         )
     )
 
@@ -343,7 +346,7 @@ def completed_steps_statement(finish: ReturningUpdate[Any]) -> Select[Any]:
         select(
             finished.c.workflow_id.label("id"),
             (-func.count()).label("d_unfinished"),
-            literal(0, Integer).label("d_failed"),
+            constant(0).label("d_failed"),
         )
         .where(steps)
         .group_by(finished.c.workflow_id)

@@ -466,7 +466,9 @@ def entering(next_state: JobState | ColumnElement[Any]) -> dict[str, Any]:
     """
     if isinstance(next_state, JobState):
         final = next_state in FINAL_STATES
-        return {"state": next_state, "finalized_at": func.now() if final else null()}
+        # The state as a literal, not a bound parameter (see _base.sql.constant).
+        state = literal_column(f"'{next_state.value}'", job_state_type)
+        return {"state": state, "finalized_at": func.now() if final else null()}
     # The final states as SQL literals, not a list parameter: SQLAlchemy renders a list
     # parameter into the statement's text at every execution (measured: 0.5 ms of client
     # CPU per run of the one-statement completion of steps, which has three).

@@ -1,1 +1,1 @@
-UPDATE sa_job SET state=%(state)s, finalized_at=now() FROM unnest(%(sa_jobs_completed_ids)s::BIGINT[], %(sa_jobs_completed_runs)s::INTEGER[]) AS outcome(id, run) WHERE sa_job.id = outcome.id AND sa_job.run_count = outcome.run AND sa_job.state = 'running' RETURNING sa_job.id, sa_job.state
+UPDATE sa_job SET state='completed', finalized_at=now() FROM unnest(%(sa_jobs_completed_ids)s::BIGINT[], %(sa_jobs_completed_runs)s::INTEGER[]) AS outcome(id, run) WHERE sa_job.id = outcome.id AND sa_job.run_count = outcome.run AND sa_job.state = 'running' RETURNING sa_job.id, sa_job.state
