@@ -91,6 +91,7 @@ FAILED_STATES = frozenset({JobState.CANCELLED, JobState.DISCARDED})
 
 _DONE = "sa_jobs_wf_done"
 _FAILED = "sa_jobs_wf_failed"
+_CAUSES = "sa_jobs_wf_causes"
 
 
 def _ids(name: str) -> Any:
@@ -174,11 +175,19 @@ def release(connection: Connection, done: Sequence[int], failed: Sequence[int] =
 
 @functools.cache
 def _cascade_statement() -> Any:
-    """Cancel the pending steps that wait, directly or not, on a step in ``failed``
-    (through edges of dependents that do not run anyway); returns (id, workflow_id)."""
+    """Cancel the pending steps that wait, directly or not, on a step in ``_FAILED``
+    (through edges of dependents that do not run anyway), each recording as its cause
+    the matching entry of ``_CAUSES``; returns (id, workflow_id, cause)."""
     dep = dep_table
-    seed = select(dep.c.job_id.label("id"), dep.c.depends_on_id.label("because")).where(
-        dep.c.depends_on_id == any_(_ids(_FAILED)), ~dep.c.resolved, ~dep.c.run_on_failure
+    frontier = (
+        func.unnest(_ids(_FAILED), _ids(_CAUSES))
+        .table_valued("id", "because")
+        .render_derived(name="frontier")
+    )
+    seed = (
+        select(dep.c.job_id.label("id"), frontier.c.because)
+        .join(frontier, dep.c.depends_on_id == frontier.c.id)
+        .where(dep.c.depends_on_id == any_(_ids(_FAILED)), ~dep.c.resolved, ~dep.c.run_on_failure)
     )
     doomed = seed.cte("doomed", recursive=True)
     edge = dep.alias("next_edge")
@@ -188,7 +197,9 @@ def _cascade_statement() -> Any:
         .select_from(doomed)
         .join(edge, edge.c.depends_on_id == doomed.c.id)
         .join(through, through.c.id == doomed.c.id)
-        .where(through.c.state == JobState.PENDING, ~edge.c.resolved, ~edge.c.run_on_failure)
+        .where(
+            state_is(through.c.state, JobState.PENDING), ~edge.c.resolved, ~edge.c.run_on_failure
+        )
     )
     once = (
         select(doomed.c.id, func.min(doomed.c.because).label("because"))
@@ -198,7 +209,7 @@ def _cascade_statement() -> Any:
     locked = (
         select(Job.id, once.c.because)
         .join(once, Job.id == once.c.id)
-        .where(Job.state == JobState.PENDING)
+        .where(state_is(Job.state, JobState.PENDING))
         .order_by(Job.id)
         .with_for_update(of=Job)
         .cte("doomed_locked")
@@ -206,26 +217,43 @@ def _cascade_statement() -> Any:
     cause = job_table.alias("cause")
     cause_step = select(cause.c.workflow_step).where(cause.c.id == locked.c.because)
     reason = func.jsonb_build_object(
-        "because", locked.c.because, "step", cause_step.scalar_subquery()
+        constant("because"), locked.c.because, constant("step"), cause_step.scalar_subquery()
     )
     return (
         update(Job)
-        .where(Job.id == locked.c.id, Job.state == JobState.PENDING)
+        .where(Job.id == locked.c.id, state_is(Job.state, JobState.PENDING))
         .values(
             **entering(constant(JobState.CANCELLED.value)),
-            metadata_=Job.metadata_.op("||")(func.jsonb_build_object(CANCELLED_KEY, reason)),
+            metadata_=Job.metadata_.op("||")(
+                func.jsonb_build_object(constant(CANCELLED_KEY), reason)
+            ),
         )
-        .returning(Job.id, Job.workflow_id)
+        .returning(Job.id, Job.workflow_id, locked.c.because)
     )
 
 
 def cascade(connection: Connection, failed: Sequence[int]) -> list[tuple[int, int]]:
     """Cancel the pending dependents of ``failed`` (recursively); ``(id, workflow_id)``
-    of each step cancelled."""
-    if not failed:
-        return []
-    rows = connection.execute(_cascade_statement(), {_FAILED: list(failed)}).all()
-    return [(int(job_id), int(workflow_id)) for job_id, workflow_id in rows]
+    of each step cancelled.
+
+    Once more from the steps each pass cancelled, until one cancels nothing: a pass is
+    one statement, whose recursion reads the edges under the snapshot it began with. A
+    step added meanwhile (``add_to_workflow``) holds its dependencies' row locks until
+    it commits, so the pass that waited for them missed its edge; the next pass, a new
+    snapshot, sees it. Usually that second pass finds nothing: one more round trip, on
+    the failure path only. A step cancelled by a later pass records the failed step the
+    first one started from, as one cancelled by the first pass does.
+    """
+    cancelled: list[tuple[int, int]] = []
+    frontier = {job_id: job_id for job_id in failed}
+    while frontier:
+        ids = sorted(frontier)
+        rows = connection.execute(
+            _cascade_statement(), {_FAILED: ids, _CAUSES: [frontier[i] for i in ids]}
+        ).all()
+        cancelled.extend((int(job_id), int(wf)) for job_id, wf, _ in rows)
+        frontier = {int(job_id): int(because) for job_id, _, because in rows}
+    return cancelled
 
 
 _WF_IDS = "sa_jobs_wf_ids"

@@ -1,4 +1,5 @@
-"""A retry of a step racing the completions of the steps it (or what it revives) waits on.
+"""Workflow writes racing each other: a retry against the completions of the steps it
+(or what it revives) waits on, and a step added while its dependency's failure cascades.
 
 A retry recounts unresolved edges — of the step it retries, and of the dependents it
 brings back from the cascade — while a dependency's completion may be in flight. The
@@ -6,8 +7,7 @@ completion resolves its edge and releases only dependents it sees ``pending``; t
 counts edges it sees unresolved. Read under two snapshots, a step could be left
 ``pending`` behind an edge that was already resolved (``workflow_deps`` 1, nothing left
 to run). Each test holds one side's transaction open at the racy point, with real
-threads against the database; without the retry's locking pass each ends with the step
-stuck.
+threads against the database; without the fix it names, each ends with a step stuck.
 """
 
 from __future__ import annotations
@@ -204,3 +204,36 @@ def test_two_retries_of_two_failed_dependencies_of_one_step_take_turns(
     for _ in range(2):
         complete(engine, fetch_one(engine))
     assert job_states(engine)[ids["d"]] is JobState.AVAILABLE
+
+
+def test_a_step_added_while_its_dependency_s_failure_cascades_is_cancelled(
+    engine: Engine,
+) -> None:
+    # r, then x after r. add_to_workflow adds y after x and holds x's lock while r's
+    # failure cascades: the cascade's statement waits for x, and its recursion reads the
+    # edges under the snapshot it began with, without y's. y must still be cancelled.
+    wf = sa_jobs.Workflow("late edge, failing")
+    r = wf.add(StepArgs(1), name="r")
+    wf.add(StepArgs(2), name="x", after=[r])
+    inserted = insert(engine, wf)
+    ids = inserted.jobs
+    job_r = fetch_one(engine)
+    with engine.connect() as connection:
+        features = Features.of(connection)
+    with Session(engine) as session, session.begin():
+        added = sa_jobs.add_to_workflow(session, inserted.id, StepArgs(3), after=[ids["x"]])
+        assert added.state is JobState.PENDING
+        thread, errors = _in_thread(
+            lambda: write_outcomes(engine, [Outcome.of(job_r, Ending.CANCELLED)], features)
+        )
+        wait_until(lambda: _waiting_for_a_lock(engine), timeout=10)
+    _settle(engine, thread, errors)
+    states = job_states(engine)
+    assert states[ids["r"]] is JobState.CANCELLED
+    assert states[ids["x"]] is JobState.CANCELLED
+    assert states[added.job_id] is JobState.CANCELLED
+    reason = get_job(engine, added.job_id).metadata_["workflow_cancelled"]
+    assert reason == {"because": ids["r"], "step": "r"}
+    with Session(engine) as session:
+        status = sa_jobs.workflow_status(session, inserted.id)
+    assert status.finished and (status.unfinished, status.failed) == (0, 3)
