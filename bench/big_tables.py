@@ -4,12 +4,15 @@ Production queues keep millions of finished rows (River #59, procrastinate #1454
 jobs). This script measures, on a throwaway database with the sa_jobs schema at
 ``heads``:
 
-* fetch: the worker's fetch statement (``fetch_jobs``, batches of 10),
+* fetch: the worker's fetch statement (``fetch_jobs``, batches of 10), and the same
+  fetch under a queue concurrency limit that never binds (``fetch_limited``),
 * single insert (``sa_jobs.insert`` + commit) and bulk insert (``insert_many`` of 1,000),
 * one pass of each maintenance service: the scheduler promoting 1,000 due jobs, the
   rescuer rescuing 1,000 orphans, the cleaner deleting a batch (its ``limit`` per
   state: a batch written for it, and on the big table also the table's own backlog),
   the sequence repair restarting 100 stalled sequences,
+* the release of a workflow step: ``complete_in`` of the first step of 100 two-step
+  chains, each completion making its dependent available,
 
 first on an empty table (only the rows the measurement itself needs), then on a table
 with ``--rows`` finished rows (completed/cancelled/discarded, 80 % of them past their
@@ -48,6 +51,7 @@ from sa_jobs._table.schema import Features
 from sa_jobs.benchmark.noop import BenchNoop
 from sa_jobs.benchmark.report import environment
 from sa_jobs.devdb import Server, find_server, throwaway_database
+from sa_jobs.worker.limited_fetch import fetch_limited, plan_limits
 from sa_jobs.worker.maintenance.cleaner import Cleaner, Retention
 from sa_jobs.worker.maintenance.rescuer import Rescuer
 from sa_jobs.worker.maintenance.scheduler import Scheduler
@@ -63,6 +67,7 @@ DUE = 1_000
 ORPHANS = 1_000
 STALLED = 100
 CLEANER_LIMIT = 10_000
+CHAINS = 100
 
 # Finished history: 90 % completed, 4 % cancelled, 6 % discarded; 80 % finalized 8 to
 # 38 days ago (past every default retention), 20 % within the last day (kept). One in
@@ -203,6 +208,39 @@ def cases(features: Features) -> list[Case]:
         _exec(engine, PUT_BACK, worker=["bench-fetch"])
         _exec(engine, "DELETE FROM sa_job WHERE id >= :first AND queue = 'default'", first=first)
 
+    # Far above the batch: it never binds, so the work per job is the plain fetch's plus
+    # the limit's lock and count of the queue's running jobs.
+    limit = sa_jobs.ConcurrencyLimit(queue="default", max_running=10**9)
+    limits = plan_limits([limit], ["default"])["default"]
+
+    def fetch_limit(engine: Engine) -> None:
+        for _ in range(FETCHES):
+            fetch_limited(engine, limits, FETCH_BATCH, "bench-fetch", features=features)
+
+    first_steps: list[Any] = []  # fetched (running) by the setup, completed by the run
+
+    def chains(engine: Engine) -> int:
+        first = _next_id(engine)
+        with Session(engine) as session, session.begin():
+            for seq in range(CHAINS):
+                workflow = sa_jobs.Workflow("bench")
+                step = workflow.add(BenchNoop(seq=seq), queue="wf")
+                workflow.add(BenchNoop(seq=seq), after=[step], queue="wf")
+                sa_jobs.insert_workflow(session, workflow)
+        first_steps[:] = fetch_jobs(engine, "wf", CHAINS, "bench-wf", features=features)
+        assert len(first_steps) == CHAINS
+        return first
+
+    def release(engine: Engine) -> None:
+        for job in first_steps:
+            with Session(engine) as session, session.begin():
+                sa_jobs.complete_in(session, job)
+
+    def chains_teardown(engine: Engine, first: int) -> None:
+        _delete_from("wf")(engine, first)
+        _exec(engine, "DELETE FROM sa_job_dep")  # only this case's rows: the fill adds none
+        _exec(engine, "DELETE FROM sa_job_workflow")
+
     clean = _in_transaction(Cleaner(Retention(), CLEANER_LIMIT, features=features).run_once)
     return [
         Case(
@@ -213,6 +251,15 @@ def cases(features: Features) -> list[Case]:
             fetch,
             fetched_teardown,
         ),
+        Case(
+            "fetch_limited",
+            f"fetch of {FETCH_BATCH}",
+            FETCHES,
+            _rows(AVAILABLE_ROWS, n=FETCH_BATCH * FETCHES, queue="default"),
+            fetch_limit,
+            fetched_teardown,
+        ),
+        Case("workflow_release", "complete_in + commit", CHAINS, chains, release, chains_teardown),
         Case("insert_single", "insert + commit", SINGLES, lambda _e: 0, singles),
         Case("insert_bulk", f"insert_many of {BULK}", 1, lambda _e: 0, bulk),
         Case(
@@ -305,9 +352,9 @@ def explained(engine: Engine) -> Iterator[list[str]]:
     def explain(_conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
         if "sa_job" not in statement or not isinstance(parameters, dict):
             return
-        # Short values count (the cleaner's one statement per state); long ones do not
-        # (the rows of an insert, the ids of a batch).
-        short = sorted((k, str(v)) for k, v in parameters.items() if len(str(v)) < 40)
+        # Short strings count; long ones (the rows of an insert) and other values (the
+        # ids of a batch, a limited fetch's time, the job a completion finishes) do not.
+        short = sorted((k, v) for k, v in parameters.items() if isinstance(v, str) and len(v) < 40)
         key = statement + repr(short)
         if key in seen:
             return
