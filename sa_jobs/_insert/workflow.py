@@ -159,8 +159,9 @@ def _insert_statement(*, with_workflow_row: bool = True) -> Any:
             bindparam(_EDGE_FROM, type_=ARRAY(BigInteger)),
             bindparam(_EDGE_TO, type_=ARRAY(BigInteger)),
             bindparam(_EDGE_RUN, type_=ARRAY(Boolean)),
+            bindparam(_EDGE_RESOLVED, type_=ARRAY(Boolean)),
         )
-        .table_valued("depends_on_id", "job_id", "run_on_failure")
+        .table_valued("depends_on_id", "job_id", "run_on_failure", "resolved")
         .render_derived(name="edges")
     )
     edge_rows = select(
@@ -168,11 +169,13 @@ def _insert_statement(*, with_workflow_row: bool = True) -> Any:
         edges.c.job_id,
         bindparam(_WF_ID, type_=BigInteger),
         edges.c.run_on_failure,
+        edges.c.resolved,
     )
+    # ``resolved`` as the caller found each dependency (add_to_workflow: an edge from a
+    # completed step is resolved already); a retry of the step counts unresolved edges.
+    edge_columns = ["depends_on_id", "job_id", "workflow_id", "run_on_failure", "resolved"]
     statement = statement.add_cte(
-        pg_insert(dep_table)
-        .from_select(["depends_on_id", "job_id", "workflow_id", "run_on_failure"], edge_rows)
-        .cte("inserted_edges")
+        pg_insert(dep_table).from_select(edge_columns, edge_rows).cte("inserted_edges")
     )
     if with_workflow_row:
         wf = json_recordset(_WORKFLOW, _WORKFLOW_COLUMNS, "workflow_row")

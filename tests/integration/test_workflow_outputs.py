@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 import sa_jobs
 from sa_jobs import Job, JobState
+from sa_jobs._table.workflow_tables import dep_table
 from sa_jobs.errors import InvalidWorkflowError, JobStateError, UnknownStepError
 from tests.helpers import fetch_one, job_states, make_worker, url_text
 
@@ -151,6 +152,41 @@ def test_add_to_workflow_after_a_failed_step_is_cancelled_unless_it_runs_anyway(
         assert cancelled.metadata_["workflow_cancelled"]["step"] == "wfo_resize"
         status = sa_jobs.workflow_status(session, inserted.id)
     assert (status.total, status.unfinished, status.failed) == (3, 1, 2)
+
+
+def test_a_step_added_after_finished_steps_records_its_edges_resolved(engine: Engine) -> None:
+    # The edges of an added step are written as its dependencies stand: resolved for a
+    # completed one (and a failed one it runs despite). Written unresolved, a retry of the
+    # step would count them and leave it pending for good behind a finished dependency.
+    wf = sa_jobs.Workflow("grow, then retry")
+    wf.add(Resize(1), name="first")
+    wf.add(Resize(2), name="other")
+    inserted = insert(engine, wf)
+    first = fetch_one(engine)
+    assert first.id == inserted.jobs["first"]
+    with Session(engine) as session, session.begin():
+        sa_jobs.complete_in(session, first, output=Thumbnail("/1", 1))
+        sa_jobs.cancel_job(session, inserted.jobs["other"])
+    with Session(engine) as session, session.begin():
+        added = sa_jobs.add_to_workflow(
+            session, inserted.id, Summary(), after=["first", "other"], on_dependency_failure="run"
+        )
+    assert added.state is JobState.AVAILABLE
+    with engine.connect() as connection:
+        edges = connection.execute(
+            select(dep_table.c.depends_on_id, dep_table.c.resolved)
+            .where(dep_table.c.job_id == added.job_id)
+            .order_by(dep_table.c.depends_on_id)
+        ).all()
+    assert [tuple(edge) for edge in edges] == [
+        (inserted.jobs["first"], True),
+        (inserted.jobs["other"], True),
+    ]
+    with Session(engine) as session, session.begin():
+        sa_jobs.cancel_job(session, added.job_id)
+    with Session(engine) as session, session.begin():
+        assert sa_jobs.retry_job(session, added.job_id)
+    assert job_states(engine)[added.job_id] is JobState.AVAILABLE
 
 
 def test_add_to_workflow_bad_input_writes_nothing(engine: Engine) -> None:
