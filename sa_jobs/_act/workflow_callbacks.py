@@ -30,7 +30,6 @@ from sqlalchemy import (
     any_,
     bindparam,
     case,
-    cast,
     column,
     func,
     literal,
@@ -39,9 +38,9 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
-from sqlalchemy.sql.expression import CTE, ColumnElement, Select
+from sqlalchemy.sql.expression import CTE, ColumnElement
 
-from sa_jobs._base.sql import constant, json_recordset
+from sa_jobs._base.sql import constant, id_array, json_recordset
 from sa_jobs._base.states import JobState
 from sa_jobs._table.models import Job, entering, state_is
 from sa_jobs._table.schema import INSERT_CHANNEL
@@ -112,14 +111,6 @@ def _cancel_statement() -> Any:
         )
         .values(**entering(literal(JobState.CANCELLED.value, Text)))
     )
-
-
-def id_array(aggregate: Select[Any]) -> ColumnElement[Any]:
-    """``aggregate`` (one ``array_agg`` of ids) as an array to compare with ``= ANY``:
-    computed once, over every row it aggregates, before the rows compared are read (an
-    InitPlan). The cast makes it an array expression: ``= ANY (SELECT ...)`` would compare
-    with each row of the subquery instead."""
-    return cast(aggregate.scalar_subquery(), ARRAY(BigInteger))
 
 
 def callbacks_fired(counters: CTE) -> CTE:

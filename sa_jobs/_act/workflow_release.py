@@ -61,10 +61,9 @@ from sqlalchemy.sql.expression import CTE, ColumnElement, Select
 from sa_jobs._act.workflow_callbacks import (
     callbacks_fired,
     fire_callbacks,
-    id_array,
     release_state,
 )
-from sa_jobs._base.sql import constant
+from sa_jobs._base.sql import constant, id_array
 from sa_jobs._base.states import JobState
 from sa_jobs._table.models import Job, entering, job_table, state_is
 from sa_jobs._table.schema import INSERT_CHANNEL

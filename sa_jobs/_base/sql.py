@@ -6,10 +6,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Integer,
     Select,
     Text,
     bindparam,
+    cast,
     false,
     func,
     literal,
@@ -17,11 +19,11 @@ from sqlalchemy import (
     select,
     true,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.sql.expression import ColumnClause, ColumnElement
 from sqlalchemy.sql.selectable import CTE, TableValuedAlias
 
-__all__ = ["constant", "json_recordset", "runs_first", "seconds_interval"]
+__all__ = ["constant", "id_array", "json_recordset", "runs_first", "seconds_interval"]
 
 
 def constant(value: str | int | bool) -> ColumnElement[Any]:
@@ -41,6 +43,14 @@ def constant(value: str | int | bool) -> ColumnElement[Any]:
     if "'" in value or "\\" in value:
         raise ValueError(f"not a plain SQL constant: {value!r}")
     return literal_column(f"'{value}'", Text)
+
+
+def id_array(aggregate: Select[Any]) -> ColumnElement[Any]:
+    """``aggregate`` (one ``array_agg`` of ids) as an array to compare with ``= ANY``:
+    computed once, over every row it aggregates, before the rows compared are read (an
+    InitPlan). The cast makes it an array expression: ``= ANY (SELECT ...)`` would compare
+    with each row of the subquery instead."""
+    return cast(aggregate.scalar_subquery(), ARRAY(BigInteger))
 
 
 def seconds_interval(seconds: Any) -> ColumnElement[Any]:
