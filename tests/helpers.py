@@ -658,3 +658,30 @@ def same_transaction(engine: Engine, job_id: int) -> bool:
         ).all()
     job_xmin = xmin(engine, job_id)
     return bool(effect_xmins) and all(x == job_xmin for x in effect_xmins)
+
+
+def sessions_waiting_for_a_lock(engine: Engine) -> int:
+    """How many other sessions of this database wait for a lock now (a test holding a
+    transaction open waits for the other side to reach its racy point)."""
+    with engine.connect() as connection:
+        return int(
+            connection.scalar(
+                text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                )
+            )
+            or 0
+        )
+
+
+def insert_workflow(engine: Engine, workflow: sa_jobs.Workflow) -> sa_jobs.InsertedWorkflow:
+    """Insert ``workflow`` in a transaction of its own."""
+    with Session(engine) as session, session.begin():
+        return sa_jobs.insert_workflow(session, workflow)
+
+
+def complete_now(engine: Engine, job: Job[Any]) -> None:
+    """Complete a fetched job with ``complete_in``, in a transaction of its own."""
+    with Session(engine) as session, session.begin():
+        sa_jobs.complete_in(session, job)

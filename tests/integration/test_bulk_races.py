@@ -25,7 +25,7 @@ import sa_jobs
 from sa_jobs import Job, JobState
 from sa_jobs._base.states import CANCEL_ATTEMPTED_KEY
 from tests.factories import make_job
-from tests.helpers import add_jobs, make_worker, running, wait_until
+from tests.helpers import add_jobs, make_worker, running, sessions_waiting_for_a_lock, wait_until
 
 pytestmark = pytest.mark.usefixtures("no_workers_or_leader")
 
@@ -252,7 +252,9 @@ def test_a_bulk_action_locks_its_rows_in_id_order_whatever_order_its_plan_visits
         holder.execute(select(Job.id).where(Job.id == first).with_for_update())
         thread = threading.Thread(target=run_action)
         thread.start()
-        wait_until(lambda: waiting_for_a_lock(engine), timeout=5, what="the action to wait")
+        wait_until(
+            lambda: sessions_waiting_for_a_lock(engine), timeout=5, what="the action to wait"
+        )
         try:
             with engine.connect() as other:
                 # The action waits for the first row; it must not hold the last one.
@@ -262,15 +264,3 @@ def test_a_bulk_action_locks_its_rows_in_id_order_whatever_order_its_plan_visits
             holder.rollback()
             thread.join(10)
     assert failures == []
-
-
-def waiting_for_a_lock(engine: Engine) -> bool:
-    with engine.connect() as connection:
-        return bool(
-            connection.scalar(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-                )
-            )
-        )

@@ -13,6 +13,7 @@ from sa_jobs import JobState
 from sa_jobs._base.records import Ending, Outcome
 from sa_jobs.cli import main
 from tests.helpers import CliRun, fetch_one, finish_outcomes, job_states, url_text
+from tests.helpers import insert_workflow as insert
 
 
 @sa_jobs.job_args(kind="cli_wf_step")
@@ -23,11 +24,6 @@ class Step:
 @sa_jobs.job_args(kind="cli_wf_done")
 class Done:
     n: int = 0
-
-
-def insert(engine: Engine, workflow: sa_jobs.Workflow) -> sa_jobs.InsertedWorkflow:
-    with Session(engine) as session, session.begin():
-        return sa_jobs.insert_workflow(session, workflow)
 
 
 def diamond(name: str = "diamond") -> sa_jobs.Workflow:

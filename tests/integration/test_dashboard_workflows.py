@@ -16,6 +16,7 @@ from sa_jobs import JobState
 from sa_jobs.dashboard import create_app, workflow_view
 from tests.dashboard import DashboardClient, forms_posting
 from tests.helpers import fetch_one, job_states
+from tests.helpers import insert_workflow as insert
 
 
 @sa_jobs.job_args(kind="dash_wf_step")
@@ -37,11 +38,6 @@ def client(engine: Engine) -> Iterator[DashboardClient]:
 def states_of(engine: Engine, ids: object) -> dict[int, JobState]:
     wanted = set(ids)  # type: ignore[call-overload]
     return {i: s for i, s in job_states(engine).items() if i in wanted}
-
-
-def insert(engine: Engine, workflow: sa_jobs.Workflow) -> sa_jobs.InsertedWorkflow:
-    with Session(engine) as session, session.begin():
-        return sa_jobs.insert_workflow(session, workflow)
 
 
 def diamond(name: str = "diamond <b>") -> sa_jobs.Workflow:

@@ -23,7 +23,12 @@ from sa_jobs._base.records import Ending, Outcome
 from sa_jobs._base.states import CANCEL_ATTEMPTED_KEY, JOB_KEY_REPLACED_KEY, JobState
 from sa_jobs._table.models import Job
 from tests.factories import job_row, make_job
-from tests.helpers import is_finish_statement, sent_statements, wait_until
+from tests.helpers import (
+    is_finish_statement,
+    sent_statements,
+    sessions_waiting_for_a_lock,
+    wait_until,
+)
 
 #: name -> (make_job options, the run the outcome names); every situation a finish
 #: statement tells apart.
@@ -151,7 +156,7 @@ def test_a_batch_locks_its_rows_in_id_order_so_a_bulk_action_cannot_deadlock_it(
     with engine.connect() as action:
         action.execute(select(Job.id).where(Job.id == first).with_for_update())
         writer.start()
-        wait_until(lambda: _waiting_for_a_lock(engine) == 1, timeout=10, what="the writer")
+        wait_until(lambda: sessions_waiting_for_a_lock(engine) == 1, timeout=10, what="the writer")
         # The action moves on to the second row: the writer must not be holding it.
         action.execute(text("SET LOCAL lock_timeout = '5s'"))
         action.execute(select(Job.id).where(Job.id == second).with_for_update())
@@ -161,16 +166,3 @@ def test_a_batch_locks_its_rows_in_id_order_so_a_bulk_action_cannot_deadlock_it(
     with engine.connect() as connection:
         states = set(connection.scalars(select(Job.state).where(Job.id.in_([first, second]))))
     assert states == {JobState.COMPLETED if ending is Ending.COMPLETED else JobState.RETRYABLE}
-
-
-def _waiting_for_a_lock(engine: Engine) -> int:
-    with engine.connect() as connection:
-        return int(
-            connection.scalar(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity"
-                    " WHERE wait_event_type = 'Lock' AND datname = current_database()"
-                )
-            )
-            or 0
-        )

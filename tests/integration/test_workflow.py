@@ -18,14 +18,17 @@ from sa_jobs._act.complete import Ending, Outcome
 from sa_jobs._table.workflow_tables import workflow_table
 from sa_jobs.errors import InvalidWorkflowError
 from tests.forked import process_context
+from tests.helpers import complete_now as complete
 from tests.helpers import (
     fetch_one,
     finish_outcomes,
     get_job,
     job_states,
     make_worker,
+    sessions_waiting_for_a_lock,
     wait_until,
 )
+from tests.helpers import insert_workflow as insert
 
 
 @sa_jobs.job_args(kind="wf_step")
@@ -38,19 +41,9 @@ class Other:
     n: int = 0
 
 
-def insert(engine: Engine, workflow: sa_jobs.Workflow) -> sa_jobs.InsertedWorkflow:
-    with Session(engine) as session, session.begin():
-        return sa_jobs.insert_workflow(session, workflow)
-
-
 def deps_of(engine: Engine, job_id: int) -> int | None:
     with engine.connect() as connection:
         return connection.scalar(select(Job.workflow_deps).where(Job.id == job_id))
-
-
-def complete(engine: Engine, job: Job[Any]) -> None:
-    with Session(engine) as session, session.begin():
-        sa_jobs.complete_in(session, job)
 
 
 def diamond() -> sa_jobs.Workflow:
@@ -512,7 +505,7 @@ def test_a_step_added_while_its_dependency_s_completion_waits_is_released(
         added = sa_jobs.add_to_workflow(session, inserted.id, StepArgs(3), after=[ids["a"]])
         assert added.state is JobState.PENDING
         completion.start()
-        wait_until(lambda: _waiting_for_a_lock(engine), timeout=10)
+        wait_until(lambda: sessions_waiting_for_a_lock(engine), timeout=10)
     completion.join(10)
     assert written == [1]
     states = job_states(engine)
@@ -522,14 +515,3 @@ def test_a_step_added_while_its_dependency_s_completion_waits_is_released(
     assert deps_of(engine, added.job_id) == 0
     with engine.connect() as connection:
         assert connection.scalar(select(workflow_table.c.unfinished)) == 2
-
-
-def _waiting_for_a_lock(engine: Engine) -> bool:
-    with engine.connect() as connection:
-        waiting = connection.scalar(
-            text(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock'"
-            )
-        )
-    return bool(waiting)

@@ -16,7 +16,9 @@ from sa_jobs._act.complete import Ending, Outcome
 from sa_jobs.worker import idle as idle_module
 from sa_jobs.worker import run as run_module
 from tests.forked import process_context
+from tests.helpers import complete_now as complete
 from tests.helpers import fetch_one, finish_outcomes, get_job, job_states, make_worker
+from tests.helpers import insert_workflow as insert
 
 
 @sa_jobs.job_args(kind="wfcb_item")
@@ -27,16 +29,6 @@ class Item:
 @sa_jobs.job_args(kind="wfcb_done")
 class Done:
     what: str = ""
-
-
-def insert(engine: Engine, workflow: sa_jobs.Workflow) -> sa_jobs.InsertedWorkflow:
-    with Session(engine) as session, session.begin():
-        return sa_jobs.insert_workflow(session, workflow)
-
-
-def complete(engine: Engine, job: Job[Any]) -> None:
-    with Session(engine) as session, session.begin():
-        sa_jobs.complete_in(session, job)
 
 
 def discard(engine: Engine, job: Job[Any]) -> None:

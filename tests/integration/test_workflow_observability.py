@@ -16,6 +16,7 @@ from sa_jobs import JobState
 from sa_jobs._inspect.job_counts import pending_steps
 from sa_jobs.prometheus import PrometheusMetrics
 from tests.helpers import CliRun, fetch_one
+from tests.helpers import insert_workflow as insert
 
 
 @sa_jobs.job_args(kind="obs_wf_step")
@@ -30,11 +31,6 @@ def fan_out(queue: str, width: int, name: str = "fan") -> sa_jobs.Workflow:
     for n in range(width):
         wf.add(Step(n), name=f"s{n}", after=[root], queue=queue)
     return wf
-
-
-def insert(engine: Engine, workflow: sa_jobs.Workflow) -> sa_jobs.InsertedWorkflow:
-    with Session(engine) as session, session.begin():
-        return sa_jobs.insert_workflow(session, workflow)
 
 
 def test_stats_counts_pending_steps_per_queue(engine: Engine) -> None:

@@ -19,6 +19,7 @@ from sa_jobs import Job, JobState
 from sa_jobs._table.workflow_tables import dep_table
 from sa_jobs.errors import InvalidWorkflowError, JobStateError, UnknownStepError
 from tests.helpers import fetch_one, job_states, make_worker, url_text
+from tests.helpers import insert_workflow as insert
 
 
 @attrs.frozen
@@ -40,11 +41,6 @@ class Publish:
 @sa_jobs.job_args(kind="wfo_summary")
 class Summary:
     pass
-
-
-def insert(engine: Engine, workflow: sa_jobs.Workflow) -> sa_jobs.InsertedWorkflow:
-    with Session(engine) as session, session.begin():
-        return sa_jobs.insert_workflow(session, workflow)
 
 
 def test_a_dependent_reads_its_dependencies_outputs_by_step_name(engine: Engine) -> None:

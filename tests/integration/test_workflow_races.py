@@ -25,22 +25,21 @@ from sa_jobs import Job, JobState
 from sa_jobs._act.complete import Ending, Outcome
 from sa_jobs._table.schema import Features
 from sa_jobs.worker.completer import write_outcomes
-from tests.helpers import fetch_one, finish_outcomes, get_job, job_states, wait_until
+from tests.helpers import complete_now as complete
+from tests.helpers import (
+    fetch_one,
+    finish_outcomes,
+    get_job,
+    job_states,
+    sessions_waiting_for_a_lock,
+    wait_until,
+)
+from tests.helpers import insert_workflow as insert
 
 
 @sa_jobs.job_args(kind="wf_race_step")
 class StepArgs:
     n: int = 0
-
-
-def insert(engine: Engine, workflow: sa_jobs.Workflow) -> sa_jobs.InsertedWorkflow:
-    with Session(engine) as session, session.begin():
-        return sa_jobs.insert_workflow(session, workflow)
-
-
-def complete(engine: Engine, job: Job[Any]) -> None:
-    with Session(engine) as session, session.begin():
-        sa_jobs.complete_in(session, job)
 
 
 def fail(engine: Engine, job: Job[Any]) -> None:
@@ -69,18 +68,6 @@ def _join_of(a: str = "a", b: str = "b") -> sa_jobs.Workflow:
 def _retry(engine: Engine, job_id: int) -> None:
     with Session(engine) as session, session.begin():
         assert sa_jobs.retry_job(session, job_id)
-
-
-def _waiting_for_a_lock(engine: Engine) -> bool:
-    with engine.connect() as connection:
-        return bool(
-            connection.scalar(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                )
-            )
-        )
 
 
 def _in_thread(target: Callable[[], None]) -> tuple[threading.Thread, list[BaseException]]:
@@ -122,7 +109,7 @@ def test_a_retry_that_revives_a_dependent_while_another_dependency_completes(
     with Session(engine) as session, session.begin():
         sa_jobs.complete_in(session, job_b)
         thread, errors = _in_thread(lambda: (_retry(engine, ids["a"]), done.set())[0])
-        wait_until(lambda: done.is_set() or _waiting_for_a_lock(engine), timeout=10)
+        wait_until(lambda: done.is_set() or sessions_waiting_for_a_lock(engine), timeout=10)
     _settle(engine, thread, errors)
     assert job_states(engine)[ids["d"]] is JobState.PENDING
     assert deps_of(engine, ids["d"]) == 1
@@ -149,7 +136,7 @@ def test_a_dependency_s_one_statement_completion_begun_during_a_revive(engine: E
                 write_outcomes(engine, [Outcome.of(job_b, Ending.COMPLETED)], features)
             )
         )
-        wait_until(lambda: _waiting_for_a_lock(engine), timeout=10)
+        wait_until(lambda: sessions_waiting_for_a_lock(engine), timeout=10)
     _settle(engine, thread, errors)
     assert written == [1]
     assert job_states(engine)[ids["b"]] is JobState.COMPLETED
@@ -174,7 +161,7 @@ def test_a_retried_step_recounts_after_its_dependency_s_completion(engine: Engin
     with Session(engine) as session, session.begin():
         sa_jobs.complete_in(session, job_x)
         thread, errors = _in_thread(lambda: (_retry(engine, ids["s"]), done.set())[0])
-        wait_until(lambda: done.is_set() or _waiting_for_a_lock(engine), timeout=10)
+        wait_until(lambda: done.is_set() or sessions_waiting_for_a_lock(engine), timeout=10)
     _settle(engine, thread, errors)
     assert job_states(engine)[ids["s"]] is JobState.AVAILABLE
     assert deps_of(engine, ids["s"]) == 0
@@ -196,7 +183,7 @@ def test_two_retries_of_two_failed_dependencies_of_one_step_take_turns(
     with Session(engine) as session, session.begin():
         assert sa_jobs.retry_job(session, held)
         thread, errors = _in_thread(lambda: (_retry(engine, other), done.set())[0])
-        wait_until(lambda: done.is_set() or _waiting_for_a_lock(engine), timeout=10)
+        wait_until(lambda: done.is_set() or sessions_waiting_for_a_lock(engine), timeout=10)
     _settle(engine, thread, errors)
     states = job_states(engine)
     assert states[ids["a"]] is JobState.AVAILABLE and states[ids["b"]] is JobState.AVAILABLE
@@ -226,7 +213,7 @@ def test_a_step_added_while_its_dependency_s_failure_cascades_is_cancelled(
         thread, errors = _in_thread(
             lambda: write_outcomes(engine, [Outcome.of(job_r, Ending.CANCELLED)], features)
         )
-        wait_until(lambda: _waiting_for_a_lock(engine), timeout=10)
+        wait_until(lambda: sessions_waiting_for_a_lock(engine), timeout=10)
     _settle(engine, thread, errors)
     states = job_states(engine)
     assert states[ids["r"]] is JobState.CANCELLED
