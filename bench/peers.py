@@ -1,18 +1,23 @@
-"""sa_jobs against its Python peer pgqueuer, side by side on one server, in one run.
+"""sa_jobs against its Python peers pgqueuer and procrastinate, side by side on one
+server, in one run.
 
 Issue 28 aims at worked no-op jobs/s, one worker process at its best concurrency, of at
-least twice pgqueuer's in the same run. This script measures, for each peer, on a
-throwaway database of its own (created on ``--url``'s server, dropped at the end):
+least twice pgqueuer's in the same run; its table also measured procrastinate. This
+script measures, for each peer, on a throwaway database of its own (created on
+``--url``'s server, dropped at the end):
 
 * worked no-op jobs/s: ``--jobs`` jobs drained by one worker process, for each of the
   peer's concurrency settings (sa_jobs: ``queues={"default": N}`` for N in ``--slots``;
   pgqueuer: ``M`` QueueManagers of ``batch_size=B`` for each ``MxB`` in
-  ``--pgqueuer-configs``); the best setting's median is the peer's figure;
+  ``--pgqueuer-configs``; procrastinate: ``run_worker(concurrency=N)`` for N in
+  ``--procrastinate-concurrency``, draining at most ``--procrastinate-jobs``, as it works
+  some 150 jobs/s); the best setting's median is the peer's figure;
 * single enqueue/s, one transaction a job (``--singles`` of them);
 * bulk enqueue/s, ``--batch`` jobs a transaction (the jobs then drained).
 
-What each side runs, and why the settings are fair: ``bench/peers_sa_jobs.py`` and
-``bench/peers_pgqueuer.py``, and docs/performance.md ("Against the Python peers").
+What each side runs, and why the settings are fair: ``bench/peers_sa_jobs.py``,
+``bench/peers_pgqueuer.py``, ``bench/peers_procrastinate.py``, and docs/performance.md
+("Against the Python peers").
 
 Each peer's code runs in a subprocess of its own Python, never in this one (which needs
 only the standard library):
@@ -20,16 +25,18 @@ only the standard library):
 * sa_jobs: ``--sa-jobs-python`` (default: the checkout's ``.venv`` when there is one,
   else the interpreter running this script), with the checkout first on ``PYTHONPATH``,
   so the working tree's sa_jobs is measured;
-* pgqueuer: ``.venv-peers/`` (``--venv``), made here with pinned versions of pgqueuer and
-  asyncpg, and rebuilt only when the pins change. pgqueuer is not a dependency of
-  sa_jobs, not even a dev one (docs/dev/decisions.md, "The peers' benchmark").
+* pgqueuer and procrastinate: ``.venv-peers/`` (``--venv``), made here with pinned
+  versions of pgqueuer, asyncpg, procrastinate and psycopg, and rebuilt only when the
+  pins change. Neither is a dependency of sa_jobs, not even a dev one
+  (docs/dev/decisions.md, "The peers' benchmark").
 
-The peers take turns, round after round (A B A B ...), so the machine's drift is shared.
-Printed: each figure's median over the rounds, each concurrency setting's median, and the
-ratios sa_jobs / pgqueuer; ``--json`` writes all of it with every round's figures.
+The peers take turns, round after round (A B C A B C ...), so the machine's drift is
+shared. Printed: each figure's median over the rounds, each concurrency setting's median,
+and the ratios sa_jobs / each peer; ``--json`` writes all of it with every round's figures.
 
-    python bench/peers.py                             # 20,000 jobs, 3 rounds
+    python bench/peers.py                             # 20,000 jobs (procrastinate 2,000), 3 rounds
     python bench/peers.py --jobs 10000 --rounds 5 --json peers.json
+    python bench/peers.py --peers sa_jobs procrastinate --jobs 5000 --rounds 1
     python bench/peers.py --peers sa_jobs --jobs 500  # sa_jobs alone (no venv needed)
 """
 
@@ -53,14 +60,25 @@ from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-#: pgqueuer's virtual environment (git-ignored, as every ``.venv-*``).
+#: The peers' virtual environment (git-ignored, as every ``.venv-*``).
 VENV = ROOT / ".venv-peers"
 #: What is installed into it. pgqueuer brings uvloop, which its worker runs on.
-PGQUEUER_REQUIREMENTS = ("pgqueuer==1.6.0", "asyncpg==0.32.0")
+#: procrastinate asks for ``psycopg[pool]`` unpinned, i.e. psycopg's pure-Python build on
+#: the system's libpq; the pins give it the psycopg sa_jobs' own venv has (3.3.9, binary),
+#: so the drivers of the two psycopg-based sides do not differ.
+PEER_REQUIREMENTS = (
+    "pgqueuer==1.6.0",
+    "asyncpg==0.32.0",
+    "procrastinate==3.10.0",
+    "psycopg[binary,pool]==3.3.9",
+    "psycopg-pool==3.3.3",
+)
 LOCAL_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 #: The issue's aim: sa_jobs' worked jobs/s at least this many times pgqueuer's.
 AIM = 2.0
-PEERS = ("sa_jobs", "pgqueuer")
+PEERS = ("sa_jobs", "pgqueuer", "procrastinate")
+#: The peers sa_jobs' figures are divided by, in the table's order.
+OTHERS = ("pgqueuer", "procrastinate")
 
 
 @dataclass(frozen=True)
@@ -68,6 +86,8 @@ class Peer:
     name: str
     script: Path
     python: str
+    #: Jobs drained per setting (and enqueued per bulk fill).
+    jobs: int
     #: The command-line options naming its concurrency settings.
     settings: tuple[str, ...]
     env: dict[str, str]
@@ -79,7 +99,7 @@ class Peer:
             "--url",
             options.url,
             "--jobs",
-            str(options.jobs),
+            str(self.jobs),
             "--singles",
             str(options.singles),
             "--batch",
@@ -109,9 +129,22 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=["1x10", "5x10", "5x50", "5x100"],
         help="pgqueuer's settings, MANAGERSxBATCH_SIZE",
     )
+    parser.add_argument(
+        "--procrastinate-concurrency",
+        type=int,
+        nargs="+",
+        default=[10, 50, 100],
+        help="procrastinate's worker concurrencies (its pool: one connection more)",
+    )
+    parser.add_argument(
+        "--procrastinate-jobs",
+        type=int,
+        default=2_000,
+        help="procrastinate drains the smaller of this and --jobs per setting",
+    )
     parser.add_argument("--peers", nargs="+", choices=PEERS, default=list(PEERS))
     parser.add_argument("--sa-jobs-python", default=None, help="the interpreter for sa_jobs")
-    parser.add_argument("--venv", type=Path, default=VENV, help="pgqueuer's virtual environment")
+    parser.add_argument("--venv", type=Path, default=VENV, help="the peers' virtual environment")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     options = parser.parse_args(argv)
     options.url = libpq_url(options.url or default_url())
@@ -119,8 +152,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         managers, _, batch = config.lower().partition("x")
         if not (managers.isdigit() and batch.isdigit() and int(managers) and int(batch)):
             parser.error(f"--pgqueuer-configs: {config!r} is not MANAGERSxBATCH_SIZE, e.g. 5x10")
-    if min(options.jobs, options.singles, options.batch, options.rounds, *options.slots) < 1:
-        parser.error("--jobs, --singles, --batch, --rounds and --slots must be positive")
+    counts = (options.jobs, options.singles, options.batch, options.rounds, *options.slots)
+    if min(*counts, options.procrastinate_jobs, *options.procrastinate_concurrency) < 1:
+        parser.error(
+            "--jobs, --singles, --batch, --rounds, --slots and the --procrastinate-* "
+            "options must be positive"
+        )
     return options
 
 
@@ -185,32 +222,27 @@ def ensure_venv(venv: Path, requirements: Sequence[str]) -> str:
     return str(python)
 
 
-def peers(options: argparse.Namespace) -> list[Peer]:
-    chosen = []
+def peer(name: str, options: argparse.Namespace) -> Peer:
+    """``name``'s side: its script, interpreter, jobs a drain, settings and environment."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    for name in options.peers:
-        if name == "sa_jobs":
-            path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-            chosen.append(
-                Peer(
-                    name,
-                    BENCH / "peers_sa_jobs.py",
-                    sa_jobs_python(options.sa_jobs_python),
-                    ("--slots", *map(str, options.slots)),
-                    {**env, "PYTHONPATH": path},
-                )
-            )
-        else:
-            chosen.append(
-                Peer(
-                    name,
-                    BENCH / "peers_pgqueuer.py",
-                    ensure_venv(options.venv, PGQUEUER_REQUIREMENTS),
-                    ("--configs", *options.pgqueuer_configs),
-                    env,
-                )
-            )
-    return chosen
+    script = BENCH / f"peers_{name}.py"
+    if name == "sa_jobs":
+        path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+        python = sa_jobs_python(options.sa_jobs_python)
+        settings = ("--slots", *map(str, options.slots))
+        return Peer(name, script, python, options.jobs, settings, {**env, "PYTHONPATH": path})
+    python = ensure_venv(options.venv, PEER_REQUIREMENTS)
+    if name == "pgqueuer":
+        return Peer(
+            name, script, python, options.jobs, ("--configs", *options.pgqueuer_configs), env
+        )
+    jobs = min(options.jobs, options.procrastinate_jobs)
+    settings = ("--concurrency", *map(str, options.procrastinate_concurrency))
+    return Peer(name, script, python, jobs, settings, env)
+
+
+def peers(options: argparse.Namespace) -> list[Peer]:
+    return [peer(name, options) for name in options.peers]
 
 
 def run_turn(peer: Peer, options: argparse.Namespace) -> dict[str, Any]:
@@ -257,13 +289,18 @@ def summarize(turns: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "figures": figures,
             "settings": worked,
             "rounds": len(results),
+            "jobs": results[0].get("jobs"),
             "versions": results[0]["versions"],
         }
-    if "sa_jobs" in turns and "pgqueuer" in turns:
+    if "sa_jobs" in turns:
         ours = summary["peers"]["sa_jobs"]["figures"]
-        theirs = summary["peers"]["pgqueuer"]["figures"]
-        summary["ratios"] = {key: ours[key] / theirs[key] for key in ("worked", "single", "bulk")}
-        summary["aim_met"] = summary["ratios"]["worked"] >= AIM
+        for other in (name for name in OTHERS if name in turns):
+            theirs = summary["peers"][other]["figures"]
+            summary["ratios"][other] = {
+                key: ours[key] / theirs[key] for key in ("worked", "single", "bulk")
+            }
+    if "pgqueuer" in summary["ratios"]:
+        summary["aim_met"] = summary["ratios"]["pgqueuer"]["worked"] >= AIM
     return summary
 
 
@@ -277,9 +314,9 @@ ROWS = (
 
 def render(summary: dict[str, Any]) -> str:
     names = list(summary["peers"])
-    ratio = summary["ratios"]
+    ratios = summary["ratios"]
     header = f"{'':34}" + "".join(f"{name:>16}" for name in names)
-    header += f"{'sa_jobs/pgqueuer':>18}" if ratio else ""
+    header += "".join(f"{'sa_jobs/' + other:>23}" for other in ratios)
     lines = [header, "-" * len(header)]
     for key, label in ROWS:
         cells = []
@@ -288,13 +325,14 @@ def render(summary: dict[str, Any]) -> str:
             cells.append(f"{'-' if value is None else f'{value:,.0f}':>16}")
         if not any(cell.strip() != "-" for cell in cells):
             continue
-        shown = f"{ratio[key]:.2f}x" if key in ratio else ""
-        lines.append(f"{label:34}" + "".join(cells) + (f"{shown:>18}" if ratio else ""))
+        shown = [f"{ratio[key]:.2f}x" if key in ratio else "" for ratio in ratios.values()]
+        lines.append(f"{label:34}" + "".join(cells) + "".join(f"{s:>23}" for s in shown))
     lines.append("")
     for name in names:
         peer = summary["peers"][name]
+        jobs = f"{peer['jobs']:,} jobs a drain, " if peer.get("jobs") else ""
         lines.append(
-            f"{name} worked jobs/s per setting (median of {peer['rounds']}, best, "
+            f"{name} worked jobs/s per setting ({jobs}median of {peer['rounds']}, best, "
             "worker CPU us/job):"
         )
         for setting, figures in peer["settings"].items():
@@ -303,9 +341,9 @@ def render(summary: dict[str, Any]) -> str:
                 f"  {setting:>6}  {figures['median']:>10,.0f}  {figures['best']:>10,.0f}"
                 f"  {figures['cpu_us']:>7.0f}{mark}"
             )
-    if ratio:
+    if "aim_met" in summary:
         verdict = "met" if summary["aim_met"] else "NOT met"
-        shown = f"{ratio['worked']:.2f}x"
+        shown = f"{ratios['pgqueuer']['worked']:.2f}x"
         lines.append(f"\naim: sa_jobs worked >= {AIM:.0f}x pgqueuer: {verdict} ({shown})")
     return "\n".join(lines)
 
@@ -345,6 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "rounds": options.rounds,
             "slots": options.slots,
             "pgqueuer_configs": options.pgqueuer_configs,
+            "procrastinate_concurrency": options.procrastinate_concurrency,
+            "procrastinate_jobs": min(options.jobs, options.procrastinate_jobs),
         },
     }
     print(f"load average at start: {report['load_average_start']}; {os.cpu_count()} CPUs")

@@ -193,6 +193,7 @@ async def turn(options: argparse.Namespace) -> dict[str, Any]:
                     "python": platform.python_version(),
                 },
                 "postgresql": await connection.fetchval("SHOW server_version"),
+                "jobs": options.jobs,
                 "worked": {},
             }
             say(f"single enqueue: {options.singles} jobs")

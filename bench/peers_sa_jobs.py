@@ -91,6 +91,7 @@ def turn(options: argparse.Namespace) -> dict[str, Any]:
                     "python": platform.python_version(),
                 },
                 "postgresql": str(version),
+                "jobs": options.jobs,
                 "worked": {},
             }
             say(f"single enqueue: {options.singles} jobs")

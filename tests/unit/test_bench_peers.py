@@ -1,6 +1,6 @@
-"""bench/peers.py's own logic, without pgqueuer: its options, the virtual environment it
-builds (or fails to build, saying why), the peers taking turns, and the table and ratios
-it makes of the figures (fake figures here; a real sa_jobs turn is in
+"""bench/peers.py's own logic, without pgqueuer or procrastinate: its options, the virtual
+environment it builds (or fails to build, saying why), the peers taking turns, and the
+table and ratios it makes of the figures (fake figures here; a real sa_jobs turn is in
 tests/integration/test_peers_sa_jobs_turn.py)."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def turn(rates: dict[str, float], single: float, bulk: float, **extra: float) ->
 
 def test_the_script_imports_only_the_standard_library() -> None:
     source = SCRIPT.read_text()
-    for name in ("sa_jobs", "sqlalchemy", "psycopg", "pgqueuer", "asyncpg"):
+    for name in ("sa_jobs", "sqlalchemy", "psycopg", "pgqueuer", "asyncpg", "procrastinate"):
         assert f"import {name}" not in source
         assert f"from {name}" not in source
 
@@ -56,7 +56,8 @@ def test_options_default_to_the_configured_server_without_its_driver(
     assert options.url == "postgresql://u:p@db:5433/admin"
     assert (options.jobs, options.rounds, options.batch) == (20_000, 3, 1_000)
     assert options.slots == [10, 50, 100, 200]
-    assert options.peers == ["sa_jobs", "pgqueuer"]
+    assert options.peers == ["sa_jobs", "pgqueuer", "procrastinate"]
+    assert (options.procrastinate_concurrency, options.procrastinate_jobs) == ([10, 50, 100], 2_000)
     monkeypatch.delenv("SA_JOBS_DATABASE_URL")
     monkeypatch.delenv("DATABASE_URL", raising=False)
     assert peers.parse_args([]).url == peers.LOCAL_URL
@@ -70,6 +71,8 @@ def test_options_default_to_the_configured_server_without_its_driver(
         ["--pgqueuer-configs", "axb"],
         ["--jobs", "0"],
         ["--slots", "10", "-1"],
+        ["--procrastinate-jobs", "0"],
+        ["--procrastinate-concurrency", "10", "0"],
         ["--peers", "celery"],
     ],
 )
@@ -107,11 +110,14 @@ def test_the_table_takes_each_peers_best_setting_by_its_median_over_rounds() -> 
     assert ours["settings"]["100"] == {"median": 4500, "best": 9000, "cpu_us": 100.0}
     assert theirs["best_setting"] == "5x50"
     assert "bulk_fast" not in theirs["figures"]
-    assert summary["ratios"] == pytest.approx({"worked": 2.0, "single": 0.5, "bulk": 31 / 61})
+    assert summary["ratios"] == {
+        "pgqueuer": pytest.approx({"worked": 2.0, "single": 0.5, "bulk": 31 / 61})
+    }
     assert summary["aim_met"] is True
 
     table = peers.render(summary)
-    assert "2.00x" in table and "0.50x" in table
+    assert "2.00x" in table and "0.50x" in table and "sa_jobs/pgqueuer" in table
+    assert "sa_jobs/procrastinate" not in table
     assert "aim: sa_jobs worked >= 2x pgqueuer: met (2.00x)" in table
     worked_row = next(line for line in table.splitlines() if line.startswith("worked"))
     assert worked_row.split()[-3:] == ["5,000", "2,500", "2.00x"]
@@ -138,6 +144,60 @@ def test_sa_jobs_alone_has_no_ratios() -> None:
     assert "sa_jobs/pgqueuer" not in table and "aim" not in table
 
 
+def test_procrastinate_gets_its_own_ratios_and_the_aim_stays_pgqueuers() -> None:
+    sa_jobs = [turn({"10": 3000}, 1000, 30000)]
+    procrastinate = [
+        {**turn({"10": 150, "50": 120, "100": 100}, 250, 6000), "jobs": 2000},
+    ]
+    summary = peers.summarize(
+        {
+            "sa_jobs": sa_jobs,
+            "pgqueuer": [turn({"5x10": 1000}, 500, 60000)],
+            "procrastinate": procrastinate,
+        }
+    )
+    assert list(summary["ratios"]) == ["pgqueuer", "procrastinate"]
+    assert summary["ratios"]["procrastinate"] == pytest.approx(
+        {"worked": 20.0, "single": 4.0, "bulk": 5.0}
+    )
+    assert summary["aim_met"] is True  # 3x pgqueuer; procrastinate's 20x is not the aim
+    assert summary["peers"]["procrastinate"]["best_setting"] == "10"
+    table = peers.render(summary)
+    worked_row = next(line for line in table.splitlines() if line.startswith("worked"))
+    assert worked_row.split()[-5:] == ["3,000", "1,000", "150", "3.00x", "20.00x"]
+    assert "sa_jobs/procrastinate" in table
+    assert "procrastinate worked jobs/s per setting (2,000 jobs a drain, median of 1" in table
+    assert "aim: sa_jobs worked >= 2x pgqueuer: met (3.00x)" in table
+
+    # Without pgqueuer in the run there is no aim to meet, only procrastinate's ratios.
+    alone = peers.summarize({"sa_jobs": sa_jobs, "procrastinate": procrastinate})
+    assert list(alone["ratios"]) == ["procrastinate"] and "aim_met" not in alone
+    assert "aim" not in peers.render(alone)
+
+
+@pytest.mark.parametrize(("jobs", "cap", "drained"), [(20_000, 2_000, 2_000), (500, 2_000, 500)])
+def test_procrastinate_drains_at_most_its_cap_with_its_concurrencies(
+    monkeypatch: pytest.MonkeyPatch, jobs: int, cap: int, drained: int
+) -> None:
+    monkeypatch.setattr(peers, "ensure_venv", lambda venv, requirements: "/venv/bin/python")
+    argv = ["--url", "postgresql://h/d", "--jobs", str(jobs), "--procrastinate-jobs", str(cap)]
+    argv += ["--procrastinate-concurrency", "10", "30", "--peers", "sa_jobs", "procrastinate"]
+    options = peers.parse_args(argv)
+    ours, theirs = peers.peers(options)
+    assert (ours.jobs, theirs.jobs) == (jobs, drained)
+    command = theirs.command(options)
+    assert command[1].endswith("bench/peers_procrastinate.py")
+    assert command[command.index("--jobs") + 1] == str(drained)
+    assert command[command.index("--concurrency") + 1 :] == ["10", "30"]
+    assert "PYTHONPATH" not in theirs.env
+
+
+def test_the_venv_pins_procrastinate_and_the_psycopg_sa_jobs_runs_on() -> None:
+    pins = dict(r.split("==") for r in peers.PEER_REQUIREMENTS)
+    assert pins["procrastinate"] == "3.10.0" and pins["pgqueuer"] == "1.6.0"
+    assert pins["psycopg[binary,pool]"] == "3.3.9"
+
+
 def test_the_peers_take_turns_round_after_round(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -152,6 +212,9 @@ def test_the_peers_take_turns_round_after_round(
             assert str(peers.ROOT) in peer.env["PYTHONPATH"].split(":")
             return turn({"10": 4000.0}, 1000, 30000)
         assert "PYTHONPATH" not in peer.env
+        if peer.name == "procrastinate":
+            assert command[command.index("--concurrency") + 1 :] == ["10", "50", "100"]
+            return turn({"10": 200.0}, 400, 8000)
         assert command[command.index("--configs") + 1 :] == ["5x10"]
         return turn({"5x10": 1000.0}, 2000, 60000)
 
@@ -160,11 +223,13 @@ def test_the_peers_take_turns_round_after_round(
     argv = ["--url", "postgresql+psycopg://h/d", "--rounds", "2", "--slots", "10"]
     argv += ["--pgqueuer-configs", "5x10", "--sa-jobs-python", "/sa/python", "--json", str(out)]
     assert peers.main(argv) == 0
-    assert order == [("sa_jobs", "python"), ("pgqueuer", "python")] * 2
+    assert order == [("sa_jobs", "python"), ("pgqueuer", "python"), ("procrastinate", "python")] * 2
     report = json.loads(out.read_text())
     assert len(report["turns"]["pgqueuer"]) == 2
-    assert report["summary"]["ratios"]["worked"] == 4.0
+    assert report["summary"]["ratios"]["pgqueuer"]["worked"] == 4.0
+    assert report["summary"]["ratios"]["procrastinate"]["worked"] == 20.0
     assert report["settings"]["pgqueuer_configs"] == ["5x10"]
+    assert report["settings"]["procrastinate_jobs"] == 2_000
     assert report["load_average_start"]
 
 
