@@ -11,7 +11,7 @@ script measures, for each peer, on a throwaway database of its own (created on
   pgqueuer: ``M`` QueueManagers of ``batch_size=B`` for each ``MxB`` in
   ``--pgqueuer-configs``; procrastinate: ``run_worker(concurrency=N)`` for N in
   ``--procrastinate-concurrency``, draining at most ``--procrastinate-jobs``, as it works
-  some 150 jobs/s); the best setting's median is the peer's figure;
+  a few hundred jobs/s at most); the best setting's median is the peer's figure;
 * single enqueue/s, one transaction a job (``--singles`` of them);
 * bulk enqueue/s, ``--batch`` jobs a transaction (the jobs then drained).
 
