@@ -14,6 +14,7 @@ ratio to the first concurrency's.
     python bench/concurrency_curve.py --ab     # each concurrency also with the fetch
         # uncapped (producer.FETCH_BATCH_MAX patched away in the worker process): A/B
     python bench/concurrency_curve.py --slots 100 200 --profile /tmp/prof   # cProfile each
+    python bench/concurrency_curve.py --slots 200 --rounds 1 --profile /tmp/prof --profile-clock cpu
         # worker process into /tmp/prof/N-round.prof (SA_JOBS_BENCH_PROFILE)
 """
 
@@ -60,6 +61,13 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--slots", type=int, nargs="+", default=[10, 50, 100, 200, 500])
     parser.add_argument("--profile", default=None, help="a directory for cProfile output")
+    parser.add_argument(
+        "--profile-clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="what the profile times: wall clock (waits for locks and the GIL included) or "
+        "each thread's CPU time (where the worker's CPU per job goes)",
+    )
     parser.add_argument("--ab", action="store_true", help="also run each with the fetch uncapped")
     options = parser.parse_args()
     env = environment()
@@ -84,7 +92,8 @@ def main() -> int:
                     if options.profile:
                         os.makedirs(options.profile, exist_ok=True)
                         path = os.path.join(options.profile, f"{slots}-{variant}-{round_}.prof")
-                        os.environ["SA_JOBS_BENCH_PROFILE"] = path
+                        os.environ[noop.PROFILE_VARIABLE] = path
+                        os.environ[noop.PROFILE_CLOCK_VARIABLE] = options.profile_clock
                     target = noop.worker_process if variant == "capped" else uncapped_worker_process
                     rate, cpu = children.drain(
                         url,

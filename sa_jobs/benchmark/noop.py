@@ -128,6 +128,10 @@ def worker_process(
 #: A path for the worker process's cProfile output (every thread's, merged), for
 #: bench/concurrency_curve.py --profile; the process runs unprofiled without it.
 PROFILE_VARIABLE = "SA_JOBS_BENCH_PROFILE"
+#: ``cpu`` to time each thread's CPU (``time.thread_time``) rather than the wall clock:
+#: with hundreds of threads, a wall-clock profile charges a function for the time its
+#: thread waited for the GIL or a lock, which is not what a CPU-bound worker spends.
+PROFILE_CLOCK_VARIABLE = "SA_JOBS_BENCH_PROFILE_CLOCK"
 
 
 def _profile_threads() -> list[cProfile.Profile] | None:
@@ -135,11 +139,12 @@ def _profile_threads() -> list[cProfile.Profile] | None:
     if not os.environ.get(PROFILE_VARIABLE):
         return None
     profiles: list[cProfile.Profile] = []
+    cpu = os.environ.get(PROFILE_CLOCK_VARIABLE) == "cpu"
 
     def start(*_: Any) -> None:
         # Called by a new thread's first profile event: hand it a profiler of its own,
         # which replaces this function as the thread's profile hook.
-        profile = cProfile.Profile()
+        profile = cProfile.Profile(time.thread_time) if cpu else cProfile.Profile()
         profiles.append(profile)
         profile.enable()
 
