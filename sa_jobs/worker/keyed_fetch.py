@@ -47,7 +47,7 @@ from sa_jobs.worker.limited_fetch import (
     record_starts,
     window_of,
 )
-from sa_jobs.worker.opening import opened_transaction
+from sa_jobs.worker.opening import GENERIC_PLANS, opened_transaction
 from sa_jobs.worker.producer import in_start_order
 
 __all__ = ["KeyCaps", "KeyedQueue", "fetch_keyed", "key_usage", "plan_keyed"]
@@ -197,12 +197,6 @@ def _builder(features: Features) -> Callable[[Sequence[Any]], Job[Any]]:
 _NO_KINDS: dict[str, Any] = {"full_kinds": [], "capped_kinds": [], "kind_caps": []}
 
 
-#: Sent with a keyed fetch's BEGIN on psycopg 3: the keyed statement, once psycopg has
-#: prepared it (its fifth run on a connection), runs its one generic plan instead of being
-#: planned again for every fetch, which cost more than running it (``docs/performance.md``).
-_GENERIC_PLANS = "SET LOCAL plan_cache_mode = force_generic_plan"
-
-
 def _running_counts(limits: QueueLimits | None) -> tuple[Any, ...]:
     """The per-key running counts that can be read in the opening query: all of them
     when the fetch needs no :func:`limits_usage` (whose time a rate by key needs)."""
@@ -229,7 +223,7 @@ def _keyed_transaction(
     COMMITTED), so each count begins after the locks are held."""
     counts = _running_counts(limits)
     locks = () if limits is None else (lock_scopes(limits),)
-    with opened_transaction(engine, locks + counts, settings=_GENERIC_PLANS) as (
+    with opened_transaction(engine, locks + counts, settings=GENERIC_PLANS) as (
         connection,
         reads,
     ):

@@ -28,7 +28,18 @@ from sqlalchemy import Connection, CursorResult, Dialect, Engine, Select
 
 from sa_jobs.worker.db_access import autocommit
 
-__all__ = ["Read", "opened_transaction", "opening_query"]
+__all__ = ["GENERIC_PLANS", "Read", "opened_transaction", "opening_query"]
+
+
+#: A ``settings`` for :func:`opened_transaction`: the fetch statements that follow run
+#: their one generic plan once psycopg has prepared them (their fifth run on a
+#: connection), instead of being planned again at every fetch, which costs about what
+#: running them does (``docs/performance.md``). ``SET LOCAL``: it ends with the
+#: transaction, so nothing else on the connection (a handler's queries) is affected, and
+#: behind PgBouncer it cannot leak. Only statements whose generic plan is safe may run
+#: under it: ones that read ``sa_job`` by primary key (``= ANY`` of an id array), not
+#: by a join whose plan depends on the estimate of a ``LIMIT`` parameter.
+GENERIC_PLANS = "SET LOCAL plan_cache_mode = force_generic_plan"
 
 
 class Read(NamedTuple):

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Engine,
     Integer,
     Text,
+    any_,
     bindparam,
     case,
     func,
@@ -32,11 +33,13 @@ from sqlalchemy.sql.expression import ColumnElement
 
 from sa_jobs._act.queues import queue_not_paused
 from sa_jobs._base.error_records import describe
+from sa_jobs._base.sql import id_array
 from sa_jobs._base.states import JobState
 from sa_jobs._table.job_loading import detached_job_builder
 from sa_jobs._table.models import CORE_COLUMNS, Job, entering, state_is
 from sa_jobs._table.schema import NO_FEATURES, Features
 from sa_jobs.worker.db_access import is_transient
+from sa_jobs.worker.opening import GENERIC_PLANS, opened_transaction
 from sa_jobs.worker.service import Backoff, Service
 
 __all__ = [
@@ -133,7 +136,13 @@ def jobs_fetch_available(features: Features = NO_FEATURES) -> ReturningUpdate[An
     )
     return (
         update(Job)
-        .where(Job.id == locked.c.id)
+        # The locked ids as one array, not a join to the CTE: sa_job is then read by
+        # primary key whatever the plan, and the statement runs a generic plan (the
+        # fetch opens with opening.GENERIC_PLANS). Joined, the generic plan took
+        # ``LIMIT :fetch_limit`` for a tenth of the queue and hash-joined a sequential
+        # scan of sa_job; left to choose, PostgreSQL planned every fetch afresh, which
+        # cost about what running it does (docs/performance.md).
+        .where(Job.id == any_(id_array(select(func.array_agg(locked.c.id)))))
         .values(running_values(features, func.now()))
         .returning(*fetched_columns(features))
     )
@@ -166,7 +175,9 @@ def fetch_jobs(
     fraction of the CPU.
     """
     params = {"fetch_queue": queue, "fetch_limit": limit, "fetch_worker_id": worker_id}
-    with engine.begin() as connection:
+    # BEGIN goes with the generic-plan setting as one query on psycopg 3 (BEGIN, fetch,
+    # COMMIT: the round trips of engine.begin()); other drivers begin as usual.
+    with opened_transaction(engine, (), settings=GENERIC_PLANS) as (connection, _):
         if features is None:
             features = Features.of(connection)
         build = _job_builder(features)
