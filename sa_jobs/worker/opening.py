@@ -36,9 +36,11 @@ __all__ = ["GENERIC_PLANS", "Read", "opened_transaction", "opening_query"]
 #: connection), instead of being planned again at every fetch, which costs about what
 #: running them does (``docs/performance.md``). ``SET LOCAL``: it ends with the
 #: transaction, so nothing else on the connection (a handler's queries) is affected, and
-#: behind PgBouncer it cannot leak. Only statements whose generic plan is safe may run
-#: under it: ones that read ``sa_job`` by primary key (``= ANY`` of an id array), not
-#: by a join whose plan depends on the estimate of a ``LIMIT`` parameter.
+#: behind PgBouncer it cannot leak. Only statements whose generic plan was checked at
+#: size may run under it: a generic plan takes a ``LIMIT`` parameter for a tenth of the
+#: table, so a join whose plan follows that estimate can become a scan of ``sa_job`` (the
+#: plain fetch reads by primary key, ``= ANY`` of its locked ids; the keyed statement's
+#: plan was checked at 700,000 rows).
 GENERIC_PLANS = "SET LOCAL plan_cache_mode = force_generic_plan"
 
 
