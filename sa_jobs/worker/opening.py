@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 from sqlalchemy import Connection, CursorResult, Dialect, Engine, Select
+from sqlalchemy.exc import DBAPIError
 
 from sa_jobs.worker.db_access import autocommit
 
@@ -96,8 +97,8 @@ def opened_transaction(
         # The driver's own calls, not SQLAlchemy's: an execution context costs more CPU
         # than the round trip (a profile).
         driver: Any = connection.connection.driver_connection
+        query = opening_query(tuple(statements), connection.dialect, settings)
         try:
-            query = opening_query(tuple(statements), connection.dialect, settings)
             cursor = driver.execute(query)
             reads = []
             while True:
@@ -110,9 +111,54 @@ def opened_transaction(
                     break
             # The first results are BEGIN's and the settings'.
             yield connection, reads[len(reads) - len(statements) :]
-        except BaseException:
-            # psycopg's rollback() and commit() read the server's transaction status,
-            # so they end this transaction though the connection is in autocommit mode.
-            driver.rollback()
-            raise
-        driver.commit()
+        except BaseException as exc:
+            _roll_back(connection, driver)
+            translated = _as_sqlalchemy_error(exc, query, connection, driver)
+            if translated is exc:
+                raise
+            raise translated from exc
+        try:
+            driver.commit()
+        except Exception as exc:
+            _roll_back(connection, driver)
+            translated = _as_sqlalchemy_error(exc, "COMMIT", connection, driver)
+            if translated is exc:
+                raise
+            raise translated from exc
+
+
+def _roll_back(connection: Connection, driver: Any) -> None:
+    """End the failed transaction. psycopg's rollback() reads the server's transaction
+    status, so it ends it though the connection is in autocommit mode; a connection that
+    cannot (lost with the server) is invalidated, so the pool drops it instead of trying
+    to reset it."""
+    try:
+        driver.rollback()
+    except Exception:
+        connection.invalidate()
+
+
+def _as_sqlalchemy_error(
+    exc: BaseException, statement: str, connection: Connection, driver: Any
+) -> BaseException:
+    """An error of our own driver calls, as SQLAlchemy raises the same error from its
+    own: a ``DBAPIError`` subclass (``OperationalError`` for a lost connection) saying
+    whether the connection was invalidated. The worker tells a passing outage from a
+    failure by those (``db_access.is_transient``); a bare psycopg error would be logged
+    as a failure on every retry. Anything else (the caller's own errors, SQLAlchemy's
+    from the statements run inside the block) is returned as it was."""
+    dialect = connection.dialect
+    driver_error = dialect.loaded_dbapi.Error
+    if not isinstance(exc, driver_error):
+        return exc
+    lost = bool(driver.closed or driver.broken)
+    if lost and not connection.invalidated:
+        connection.invalidate()
+    return DBAPIError.instance(
+        statement,
+        None,
+        exc,  # type: ignore[arg-type]
+        driver_error,
+        connection_invalidated=lost,
+        dialect=dialect,
+    )
