@@ -685,3 +685,11 @@ def complete_now(engine: Engine, job: Job[Any]) -> None:
     """Complete a fetched job with ``complete_in``, in a transaction of its own."""
     with Session(engine) as session, session.begin():
         sa_jobs.complete_in(session, job)
+
+
+def plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of an ``EXPLAIN (FORMAT JSON)`` plan, the root first."""
+    found = [plan]
+    for child in plan.get("Plans", []):
+        found.extend(plan_nodes(child))
+    return found

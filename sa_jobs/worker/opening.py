@@ -111,17 +111,12 @@ def opened_transaction(
                     break
             # The first results are BEGIN's and the settings'.
             yield connection, reads[len(reads) - len(statements) :]
+            driver.commit()
         except BaseException as exc:
+            # The opening query, the block (which raises SQLAlchemy's errors or its own)
+            # or the COMMIT failed: end the transaction either way.
             _roll_back(connection, driver)
             translated = _as_sqlalchemy_error(exc, query, connection, driver)
-            if translated is exc:
-                raise
-            raise translated from exc
-        try:
-            driver.commit()
-        except Exception as exc:
-            _roll_back(connection, driver)
-            translated = _as_sqlalchemy_error(exc, "COMMIT", connection, driver)
             if translated is exc:
                 raise
             raise translated from exc

@@ -13,7 +13,6 @@ so the generic plan cannot turn into a join over the whole table. These tests re
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -21,7 +20,7 @@ from sqlalchemy import URL, Engine
 
 from sa_jobs._table.schema import Features
 from sa_jobs.worker.producer import fetch_jobs, jobs_fetch_available
-from tests.helpers import engine_at
+from tests.helpers import engine_at, plan_nodes
 
 BACKLOG = 200_000
 
@@ -35,13 +34,6 @@ def _add_available(engine: Engine, count: int) -> None:
     with engine.connect() as connection:
         connection.exec_driver_sql("ANALYZE sa_job")
         connection.commit()
-
-
-def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    found = [plan]
-    for child in plan.get("Plans", []):
-        found.extend(_nodes(child))
-    return found
 
 
 def test_a_connection_runs_the_fetch_on_one_generic_plan(database_url: URL) -> None:
@@ -97,7 +89,7 @@ def test_the_generic_plan_reads_by_index_on_a_big_backlog(
     assert row is not None
     plan = row[0][0]["Plan"]
     assert plan["Actual Rows"] == 5
-    nodes = _nodes(plan)
+    nodes = plan_nodes(plan)
     on_jobs = [node for node in nodes if node.get("Relation Name") == "sa_job"]
     assert on_jobs, nodes
     assert all(node["Node Type"] not in ("Seq Scan", "Bitmap Heap Scan") for node in on_jobs)

@@ -23,6 +23,7 @@ from sa_jobs._act.complete import (
     COMPLETED_RUNS_PARAM,
     completed_statement,
 )
+from tests.helpers import plan_nodes
 
 RUNNING = 500
 BATCH = 10
@@ -45,13 +46,6 @@ def _stale_statistics_and_running_jobs(engine: Engine) -> list[int]:
             f"FROM generate_series(1, {RUNNING}) RETURNING id"
         )
         return sorted(row[0] for row in ids)
-
-
-def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
-    found = [plan]
-    for child in plan.get("Plans", []):
-        found.extend(_nodes(child))
-    return found
 
 
 def _explain(engine: Engine, statement: ReturningUpdate[Any], ids: list[int]) -> dict[str, Any]:
@@ -77,7 +71,7 @@ def test_a_batch_is_finished_by_primary_key_with_stale_statistics(
     running = _stale_statistics_and_running_jobs(engine)
     plan = _explain(engine, completed_statement(**options), running[:BATCH])
     assert plan["Actual Rows"] == BATCH
-    nodes = _nodes(plan)
+    nodes = plan_nodes(plan)
     assert not [node for node in nodes if node.get("Index Name") == "sa_job_running_idx"]
     job_reads = [node for node in nodes if node.get("Relation Name") == "sa_job"]
     assert job_reads, nodes

@@ -33,6 +33,7 @@ from tests.helpers import (
     insert_through,
     migrated_database,
     migrated_engine,
+    plan_nodes,
     sent_statements,
 )
 
@@ -168,12 +169,6 @@ def warmed_connection(engine: Engine) -> Iterator[Callable[[], dict[str, Any]]]:
         own.dispose()
 
 
-def nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from nodes(child)
-
-
 def rows_touched(node: dict[str, Any]) -> int:
     """Rows a node produced or read and threw away, over all its loops."""
     loops = max(node.get("Actual Loops", 1), 1)
@@ -198,7 +193,7 @@ def heaviest_reads(plan: dict[str, Any]) -> list[tuple[int, str]]:
     return sorted(
         (
             (rows_touched(n), f"{n['Node Type']} {n.get('Index Name', '')}".strip())
-            for n in nodes(plan)
+            for n in plan_nodes(plan)
             if reads_sa_job(n)
         ),
         reverse=True,
@@ -206,7 +201,7 @@ def heaviest_reads(plan: dict[str, Any]) -> list[tuple[int, str]]:
 
 
 def release_step(plan: dict[str, Any]) -> dict[str, Any]:
-    (cte,) = [n for n in nodes(plan) if n.get("Subplan Name") == "CTE released_unique_keys"]
+    (cte,) = [n for n in plan_nodes(plan) if n.get("Subplan Name") == "CTE released_unique_keys"]
     return cte
 
 
@@ -278,14 +273,14 @@ def test_without_an_expired_lock_the_release_step_reads_nothing(
     hold_keys(engine, ttl=ttl)
     plan = explain_insert(engine, insert_batch([HELD + 1, HELD + 2, 7]))
     step = release_step(plan)
-    executed = [n for n in nodes(step) if n.get("Actual Loops", 0) > 0]
+    executed = [n for n in plan_nodes(step) if n.get("Actual Loops", 0) > 0]
     # Only the guard ran: one lookup at the low end of the index of TTL holders, which
     # found no lock or one that has not expired.
     guard = [n for n in executed if reads_sa_job(n)]
     assert [n.get("Index Name") for n in guard] == ["sa_job_unique_ttl_idx"]
     assert [rows_touched(n) for n in guard] == [0 if ttl is None else 1]
     # The batch's keys (read from the parsed rows) are never even looked at.
-    batch_reads = [n for n in nodes(step) if n["Node Type"] in ("CTE Scan", "Function Scan")]
+    batch_reads = [n for n in plan_nodes(step) if n["Node Type"] in ("CTE Scan", "Function Scan")]
     assert batch_reads and all(n.get("Actual Loops", 0) == 0 for n in batch_reads)
 
 
